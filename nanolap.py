@@ -24,6 +24,7 @@ helpers shared by the training scripts; `python nanolap.py` self-check and bench
 """
 
 import ast
+import json
 import math
 import os
 import random
@@ -584,7 +585,7 @@ def run_main(main):
     """Call main(); a UsageError, ValueError from Config, or missing file is printed without a traceback."""
     try:
         main()
-    except (UsageError, FileNotFoundError) as e:
+    except (UsageError, FileNotFoundError, FloatingPointError) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit("interrupted; the last checkpoint is intact (resume with --resume)")
@@ -644,6 +645,19 @@ def peak_flops(device):
         if key in name:
             return flops
     return None
+
+
+def append_jsonl(path, record):
+    """One JSON line per evaluation in out_dir/log.jsonl."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def check_finite(loss, step):
+    """Stop before the optimiser step when the loss is NaN or inf; the last checkpoint stays intact."""
+    if not math.isfinite(float(loss)):
+        raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: stopping before the optimiser "
+                                 f"step; the last checkpoint is intact. Try a lower learning rate or --grad_clip.")
 
 
 def format_time(seconds):
