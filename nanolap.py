@@ -42,6 +42,10 @@ import torch.nn.functional as F
 # config
 
 
+class UsageError(ValueError):
+    """A mistake in the user's input; scripts print it without a traceback (see run_main)."""
+
+
 @dataclass
 class Config:
     model: str = "vit"  # 'vit' (image classifier / DINO backbone) or 'gpt' (causal LM)
@@ -144,10 +148,13 @@ PRESETS = {
 
 
 def make_config(preset, **overrides):
-    """Config from a named preset plus field overrides (None values are ignored)."""
+    """Config from a named preset plus field overrides (None values are ignored). Raises UsageError."""
     if preset not in PRESETS:
-        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
-    return Config(**{**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}})
+        raise UsageError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
+    try:
+        return Config(**{**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}})
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 # -----------------------------------------------------------------------------
 # attention
@@ -515,10 +522,6 @@ def save_checkpoint(obj, path):
 
 # -----------------------------------------------------------------------------
 # helpers shared by train_vit.py, train_gpt.py, train_dino.py and analyze.py
-
-
-class UsageError(Exception):
-    """A mistake in the user's input; scripts print it without a traceback."""
 
 
 def _literal(text):
