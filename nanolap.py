@@ -76,54 +76,48 @@ class Config:
     pooling: str = "cls"  # 'cls' token or 'mean' of patch tokens
 
     def __post_init__(self):
+        def fail(field, why):
+            raise ValueError(f"Config.{field}={getattr(self, field)!r}: {why}")
+        if isinstance(self.n_lap, tuple):
+            self.n_lap = list(self.n_lap)
         choices = dict(model=("vit", "gpt"), norm=("layernorm", "rmsnorm"), mlp=("gelu", "relu2"),
                        pos=("learned", "rope"), pooling=("cls", "mean"))
+        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
         for f in fields(self):
-            value, name = getattr(self, f.name), f.name
-            if name in choices:
-                if value not in choices[name]:
-                    raise ValueError(f"Config.{name}={value!r}: allowed values are {choices[name]}")
-            elif name == "n_lap":
-                if isinstance(value, tuple):
-                    self.n_lap = value = list(value)
-                ok = isinstance(value, int) and not isinstance(value, bool)
-                ok = ok or (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
-                if not ok:
-                    raise ValueError(f"Config.n_lap={value!r}: must be an int or a list of ints (one per layer)")
-            elif isinstance(f.default, bool):
-                if not isinstance(value, bool):
-                    raise ValueError(f"Config.{name}={value!r}: must be True or False")
-            elif isinstance(f.default, int):
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise ValueError(f"Config.{name}={value!r}: must be a non-negative int")
-            elif isinstance(f.default, float):
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                    raise ValueError(f"Config.{name}={value!r}: must be a non-negative number")
-        for name in ("n_layer", "n_head", "n_embd", "patch_size", "in_chans", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Config.{name}={getattr(self, name)}: must be at least 1")
+            v, default = getattr(self, f.name), f.default
+            if f.name in choices and v not in choices[f.name]:
+                fail(f.name, f"allowed values are {choices[f.name]}")
+            elif f.name == "n_lap":
+                if not all(is_int(k) and k >= 0 for k in (v if isinstance(v, list) else [v])):
+                    fail(f.name, "must be a non-negative int or a list of them, one per layer")
+            elif isinstance(default, bool) and not isinstance(v, bool):
+                fail(f.name, "must be True or False")
+            elif is_int(default) and not (is_int(v) and v >= 0):
+                fail(f.name, "must be a non-negative int")
+            elif isinstance(default, float) and not ((is_int(v) or isinstance(v, float)) and v >= 0):
+                fail(f.name, "must be a non-negative number")
+        for field in ("n_layer", "n_head", "n_embd", "patch_size", "in_chans", "block_size"):
+            if getattr(self, field) < 1:
+                fail(field, "must be at least 1")
         if self.n_embd % self.n_head:
-            raise ValueError(f"Config: n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-                             f"choose n_embd as a multiple of n_head")
-        laps = self.lap_schedule()
-        if len(laps) != self.n_layer:
-            raise ValueError(f"Config.n_lap: the per-layer list has {len(laps)} entries but n_layer={self.n_layer}")
-        if any(k > self.n_head for k in laps):
-            raise ValueError(f"Config.n_lap={self.n_lap}: at most n_head={self.n_head} Laplacian heads per layer")
+            fail("n_embd", f"not divisible by n_head={self.n_head}; choose a multiple of n_head")
+        if len(self.lap_schedule()) != self.n_layer:
+            fail("n_lap", f"the per-layer list has {len(self.n_lap)} entries but n_layer={self.n_layer}")
+        if max(self.lap_schedule()) > self.n_head:
+            fail("n_lap", f"at most n_head={self.n_head} Laplacian heads per layer")
         if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"Config: RoPE needs an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
-        if not 0 <= self.drop_path < 1 or not 0 <= self.dropout < 1:
-            raise ValueError("Config: drop_path and dropout must lie in [0, 1)")
-        if self.model == "gpt":
-            if self.vocab_size < 1:
-                raise ValueError("Config.vocab_size: a GPT needs vocab_size >= 1")
-            if not self.causal:
-                raise ValueError("Config.causal: a GPT must be causal (causal=True)")
-        else:
-            if self.img_size % self.patch_size:
-                raise ValueError(f"Config: img_size={self.img_size} is not divisible by patch_size={self.patch_size}")
-            if self.pos != "learned":
-                raise ValueError("Config.pos: the ViT uses a learned position embedding (pos='learned')")
+            fail("n_embd", f"RoPE needs an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
+        for field in ("drop_path", "dropout"):
+            if getattr(self, field) >= 1:
+                fail(field, "must lie in [0, 1)")
+        if self.model == "gpt" and self.vocab_size < 1:
+            fail("vocab_size", "a GPT needs vocab_size >= 1")
+        if self.model == "gpt" and not self.causal:
+            fail("causal", "a GPT must be causal (causal=True)")
+        if self.model == "vit" and self.img_size % self.patch_size:
+            fail("img_size", f"not divisible by patch_size={self.patch_size}")
+        if self.model == "vit" and self.pos != "learned":
+            fail("pos", "the ViT uses a learned position embedding (pos='learned')")
 
     def lap_schedule(self):
         """Number of Laplacian heads in each layer."""
