@@ -1,0 +1,383 @@
+"""analyze.py: every metric against a known answer, streaming == all-in-memory, and end-to-end runs on
+tiny checkpoints of each kind (vit, gpt, dino) plus a comparison over several runs."""
+
+import gzip
+import json
+import math
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import analyze  # noqa: E402
+from nanolap import UsageError, make_config, build_model, save_checkpoint  # noqa: E402
+
+FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
+
+
+def close(a, b, tol=1e-9):
+    return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+
+
+def simplex_etf(C, d, scale=1.0, seed=0):
+    """C unit-norm vectors in R^d with pairwise cosine -1/(C-1), centred, randomly rotated: (C, d)."""
+    g = torch.Generator().manual_seed(seed)
+    M = (torch.eye(C) - torch.ones(C, C) / C) * math.sqrt(C / (C - 1))  # rows: the standard simplex ETF in R^C
+    Q, _ = torch.linalg.qr(torch.randn(d, C, generator=g, dtype=torch.float64))  # (d, C) orthonormal columns
+    return scale * M.double() @ Q.T
+
+
+# -----------------------------------------------------------------------------
+# ANOVA
+
+
+def test_anova_hand_built_cases():
+    g = torch.Generator().manual_seed(0)
+    h, y = torch.randn(12, 5, 4, generator=g), torch.arange(12) % 3
+    a = analyze.anova(h, y)
+    assert close(sum(a[k] for k in FRACS), 1.0)
+    # identical tokens inside each sequence: nothing varies within a sequence
+    same = torch.randn(12, 1, 4, generator=g).expand(12, 5, 4)
+    a = analyze.anova(same, y)
+    assert a["within_seq_frac"] == pytest.approx(0, abs=1e-12) and close(sum(a[k] for k in FRACS), 1.0)
+    # every sequence mean equals its class mean: no within-class spread
+    class_mean = torch.randn(3, 4, generator=g)
+    noise = torch.randn(12, 5, 4, generator=g)
+    h2 = class_mean[y][:, None] + noise - noise.mean(1, keepdim=True)
+    a = analyze.anova(h2, y)
+    assert a["within_class_frac"] == pytest.approx(0, abs=1e-12) and a["within_seq_frac"] > 0.1
+    # all classes share one mean: the two sequences of each class have means +m and -m
+    m = torch.randn(3, 4, generator=g)
+    seq_means = torch.stack([m, -m], 1).reshape(6, 4)  # (6, d): +m0, -m0, +m1, -m1, +m2, -m2
+    noise = torch.randn(6, 5, 4, generator=g)
+    a = analyze.anova(seq_means[:, None] + noise - noise.mean(1, keepdim=True), torch.arange(6) // 2)
+    assert a["between_class_frac"] == pytest.approx(0, abs=1e-12) and a["within_class_frac"] > 0.1
+    # a 1-d example by hand: class 0 = sequences (0, 2) and (2, 4), class 1 = (10, 10) and (14, 14); mu_G = 7
+    h4 = torch.tensor([[0.0, 2], [2, 4], [10, 10], [14, 14]])[..., None]
+    a = analyze.anova(h4, torch.tensor([0, 0, 1, 1]))
+    total = ((h4 - 7) ** 2).mean().item()  # (49 + 25 + 25 + 9 + 9 + 9 + 49 + 49) / 8 = 28
+    assert a["within_seq_var"] == pytest.approx(0.5)  # |t - mu_i| = 1 for the first two, 0 after
+    assert a["within_class_var"] == pytest.approx(2.5)  # means 1, 3 around 2; 10, 14 around 12
+    assert a["between_class_var"] == pytest.approx(25.0)  # class means 2 and 12 around 7
+    assert a["total_var"] == pytest.approx(total) == pytest.approx(28.0)
+
+
+def test_anova_streaming_equals_in_memory():
+    g = torch.Generator().manual_seed(1)
+    h, y = torch.randn(37, 9, 6, generator=g) * 3 + 100, torch.randint(0, 5, (37,), generator=g)  # large offset
+    ref = analyze.anova(h, y)
+    acc = analyze.AnovaStats(7)  # more classes than present: absent ones are ignored
+    for i in range(0, 37, 10):
+        acc.update(h[i: i + 10], y[i: i + 10])
+    got = acc.result()
+    for k, v in ref.items():
+        assert close(got[k], v, 1e-7), (k, got[k], v)
+
+
+def test_class_anova_and_class_stats_streaming():
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(200, 7, generator=g) + 5, torch.randint(0, 6, (200,), generator=g)
+    W, b = torch.randn(6, 7, generator=g), torch.randn(6, generator=g)
+    ref_anova, ref_nc = analyze.class_anova(x, y), analyze.neural_collapse(x, y, W, b)
+    assert close(ref_anova["within_class_frac"] + ref_anova["between_class_frac"], 1.0)
+    acc = analyze.ClassStats(6)
+    for i in range(0, 200, 33):
+        acc.update(x[i: i + 33], y[i: i + 33])
+    for k, v in ref_anova.items():
+        assert close(acc.anova()[k], v, 1e-7), k
+    got = acc.neural_collapse(W)
+    for k in ("nc1", "nc2_equinorm", "nc2_equiangular", "nc2_equinorm_w", "nc2_equiangular_w", "nc3"):
+        assert close(got[k], ref_nc[k], 1e-6), (k, got[k], ref_nc[k])
+
+
+# -----------------------------------------------------------------------------
+# cosine, spectrum, k_alpha
+
+
+def test_seq_cosine():
+    g = torch.Generator().manual_seed(3)
+    same = torch.randn(3, 1, 5, generator=g).expand(3, 4, 5)
+    assert torch.allclose(analyze.seq_cosine(same), torch.ones(3, dtype=torch.float64))
+    ortho = torch.eye(4)[None].repeat(2, 1, 1)
+    assert torch.allclose(analyze.seq_cosine(ortho), torch.zeros(2, dtype=torch.float64))
+    h = torch.randn(4, 6, 3, generator=g)
+    u = torch.nn.functional.normalize(h.double(), dim=-1)
+    cos = u @ u.transpose(1, 2)
+    ref = (cos.sum((1, 2)) - cos.diagonal(dim1=1, dim2=2).sum(-1)) / 30
+    assert torch.allclose(analyze.seq_cosine(h), ref)
+
+
+def test_k_alpha_hand_and_rank():
+    lam = torch.tensor([[4.0, 3, 2, 1], [1, 0, 0, 0]])
+    assert analyze.k_alpha(lam, 0.5).tolist() == [2, 1]
+    assert analyze.k_alpha(lam, 0.9).tolist() == [3, 1]  # 0.4, 0.7, 0.9 reaches 0.9 exactly
+    assert analyze.k_alpha(lam, 0.99).tolist() == [4, 1]
+    g = torch.Generator().manual_seed(4)
+    for r in (1, 3, 5):  # rank-r centred tokens: k_alpha <= r for every alpha, and lambda_j = 0 beyond r
+        h = torch.randn(8, 20, r, generator=g) @ torch.randn(r, 16, generator=g) + torch.randn(8, 1, 16, generator=g)
+        lam = analyze.seq_spectrum(h)
+        assert lam.shape == (8, 16)
+        assert (lam[:, r:] < 1e-8 * lam[:, :1]).all()
+        for a in (0.5, 0.9, 0.99, 1.0):
+            assert (analyze.k_alpha(lam, a) <= r).all()
+        assert (analyze.k_alpha(lam, 1.0) == r).all()
+    # the eigenvalues are those of X~^T X~
+    h = torch.randn(2, 7, 5, generator=g, dtype=torch.float64)
+    xc = h - h.mean(1, keepdim=True)
+    ref = torch.linalg.eigvalsh(xc.transpose(1, 2) @ xc).flip(-1)
+    assert torch.allclose(analyze.seq_spectrum(h), ref, atol=1e-10)
+
+
+def test_spectrum_streaming_equals_in_memory():
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(23, 10, 6, generator=g) * torch.linspace(3, 0.1, 6)
+    acc = analyze.SpectrumStats()
+    for i in range(0, 23, 7):
+        acc.update(h[i: i + 7])
+    got = acc.result()
+    lam = analyze.seq_spectrum(h)
+    assert torch.allclose(torch.tensor(got["lambda_mean"], dtype=torch.float64), lam.mean(0))
+    assert torch.allclose(torch.tensor(got["lambda_std"], dtype=torch.float64), lam.std(0, correction=0), atol=1e-8)
+    for a in analyze.ALPHAS:
+        assert close(got[f"k_{a}"], analyze.k_alpha(lam, a).double().mean().item())
+    assert got["n_sequences"] == 23
+
+
+# -----------------------------------------------------------------------------
+# Neural Collapse and the simplex-ETF projection
+
+
+def test_neural_collapse_on_exact_etf_is_zero():
+    C, d = 5, 12
+    M = simplex_etf(C, d, scale=2.0)
+    y = torch.arange(C).repeat(8)
+    nc = analyze.neural_collapse(M[y], y, W=M.clone())  # collapsed features, self-dual classifier
+    for k in ("nc1", "nc2_equinorm", "nc2_equiangular", "nc2_equinorm_w", "nc2_equiangular_w", "nc3", "nc4"):
+        assert abs(nc[k]) < 1e-9, (k, nc[k])
+    # a small within-class spread gives a small NC1, the same classifier still agrees with the class means
+    g = torch.Generator().manual_seed(6)
+    x = M[y] + 0.01 * torch.randn(len(y), d, generator=g, dtype=torch.float64)
+    nc = analyze.neural_collapse(x, y, W=M)
+    assert 0 < nc["nc1"] < 1e-3 and nc["nc4"] == 0
+
+
+def test_neural_collapse_on_random_features_is_not():
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(300, 16, generator=g), torch.randint(0, 5, (300,), generator=g)
+    nc = analyze.neural_collapse(x, y, W=torch.randn(5, 16, generator=g))
+    assert nc["nc1"] > 1 and nc["nc3"] > 0.5 and nc["nc4"] > 0.3
+    assert nc["nc2_equinorm"] > 0.05 and nc["nc2_equiangular"] > 0.05
+
+
+def test_etf_projection_sends_classifier_rows_to_vertices():
+    W3 = simplex_etf(3, 10, scale=3.0, seed=8) + torch.randn(10, dtype=torch.float64)  # not centred
+    xy = analyze.etf_projection(W3, W3, W3.mean(0))
+    scale = xy.norm(dim=1)
+    assert torch.allclose(scale, scale[0].expand(3))
+    assert torch.allclose(xy / scale[0], analyze.TRIANGLE.T, atol=1e-10)  # row k -> vertex k
+    # features at the classifier rows (collapse with a self-dual classifier) land on the same vertices
+    g = torch.Generator().manual_seed(9)
+    y = torch.randint(0, 3, (30,), generator=g)
+    feats = W3[y] + 1e-3 * torch.randn(30, 10, generator=g, dtype=torch.float64)
+    p = analyze.etf_projection(W3, feats, W3.mean(0))
+    assert torch.allclose(p, xy[y], atol=1e-2)
+
+
+def test_pca_helpers():
+    g = torch.Generator().manual_seed(10)
+    rgb = analyze.pca_rgb(torch.randn(16, 8, generator=g), (4, 4))
+    assert rgb.shape == (4, 4, 3) and rgb.min() >= 0 and rgb.max() <= 1
+    assert torch.allclose(rgb.amax((0, 1)), torch.ones(3, dtype=torch.float64))
+    x = torch.randn(50, 2, generator=g) @ torch.randn(2, 6, generator=g)  # rank 2
+    xy, ratio = analyze.pca_2d(x)
+    assert xy.shape == (50, 2) and sum(ratio) == pytest.approx(1.0)
+
+
+# -----------------------------------------------------------------------------
+# end to end on tiny checkpoints
+
+
+def write_idx(path, arr):
+    """An IDX (MNIST-format) gzip file: magic 0x0000 0x08 ndim, big-endian sizes, uint8 data."""
+    arr = np.asarray(arr, dtype=np.uint8)
+    header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(s).to_bytes(4, "big") for s in arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + arr.tobytes())
+
+
+@pytest.fixture(scope="module")
+def fashion_dir(tmp_path_factory):
+    """A tiny Fashion-MNIST in the real file format: the ViT runs load it through train_vit.load_images."""
+    root = tmp_path_factory.mktemp("data")
+    d = root / "fashion_mnist"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 40), ("t10k", 60)):
+        y = np.arange(n) % 10
+        x = rng.integers(0, 60, (n, 28, 28)) + (y[:, None, None] * 20)  # class shows in the brightness
+        write_idx(d / f"{split}-images-idx3-ubyte.gz", x)
+        write_idx(d / f"{split}-labels-idx1-ubyte.gz", y)
+    return str(root)
+
+
+def make_run(path, kind, n_lap=0, seed=0, metric=None, **cfg):
+    torch.manual_seed(seed)
+    if kind == "gpt":
+        config = make_config("gpt-tiny", n_layer=2, n_embd=32, n_head=4, vocab_size=50, block_size=32, n_lap=n_lap)
+    else:
+        config = make_config("vit-tiny", n_layer=2, n_embd=32, n_head=4, n_lap=n_lap, img_size=28, patch_size=7,
+                             num_classes=10 if kind == "vit" else 0)
+    model = build_model(config)
+    if kind == "gpt":  # zero-initialised projections make every block a no-op: give them weights
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.2)
+    from dataclasses import asdict
+    save_checkpoint(dict(kind=kind, model_config=asdict(config), model=model.state_dict(), step=10,
+                         config=dict(cfg, seed=seed, n_lap=n_lap)), os.path.join(path, "ckpt.pt"))
+    name = analyze.FINAL_METRIC[kind][0]
+    with open(os.path.join(path, "log.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 0, name: 0.1}) + "\n")
+        f.write(json.dumps({"step": 10, name: metric if metric is not None else 0.5 + 0.01 * seed}) + "\n")
+    return str(path)
+
+
+def check_outputs(out, figures):
+    files = set(os.listdir(out))
+    for f in figures + ["analysis.json", "summary.md"]:
+        assert f in files, f"{f} missing from {sorted(files)}"
+        assert os.path.getsize(os.path.join(out, f)) > 500 or f.endswith(".md")
+    with open(os.path.join(out, "analysis.json")) as f:
+        res = json.load(f)  # strict JSON: no NaN
+    assert sorted(res["figures"]) == sorted(figures)
+    return res
+
+
+def test_end_to_end_vit(tmp_path, fashion_dir, capsys):
+    run = make_run(tmp_path / "vit", "vit", n_lap=2, dataset="fashion_mnist", data_dir=fashion_dir)
+    analyze.main([run, "--max_samples=50", "--batch_size=16", "--pca_images=8", "--etf_classes=[1,4,7]"])
+    res = check_outputs(os.path.join(run, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "pca.png", "etf.png"])
+    s = res["settings"]
+    assert s["n_samples"] == 50 and s["layer"] == -1 and s["tokens"] == "patch tokens only" and s["pca_images"] == 8
+    assert res["kind"] == "vit" and res["n_lap"] == 2 and res["final_metric"] == {"name": "val_acc", "value": 0.5, "step": 10}
+    assert sum(res["anova"][k] for k in FRACS) == pytest.approx(1.0)
+    lw = res["layerwise"]
+    assert len(lw["within_seq_frac"]) == len(lw["cosine"]) == len(lw["anova"]) == 3  # 2 blocks + final norm
+    assert res["anova"] == lw["anova"][-1]
+    for feats in ("pooled", "seq_mean"):
+        nc = res["nc"][feats]
+        assert nc["n_samples"] == 50 and nc["n_classes"] == 10
+        assert all(nc[k] is not None and nc[k] >= 0 for k in ("nc1", "nc2_equinorm", "nc3", "nc4"))
+    assert res["etf"]["classes"] == [1, 4, 7] and len(res["etf"]["pooled"]["class_means_2d"]) == 3
+    assert len(res["spectrum"]["lambda_mean"]) == 16  # min(T = 16 patches, d = 32)
+    assert all(1 <= res["spectrum"][f"k_{a}"] <= 15 for a in analyze.ALPHAS)  # centred rank <= T - 1
+    out = capsys.readouterr().out
+    assert "RESULT kind=vit n_lap=2" in out and "50/50 sequences" in out
+    # with the CLS token and an earlier layer
+    analyze.main([run, "--max_samples=20", "--tokens=all", "--layer=1", f"--out={tmp_path / 'a2'}"])
+    res2 = check_outputs(tmp_path / "a2", ["collapse.png", "anova.png", "spectrum.png", "pca.png", "etf.png"])
+    assert res2["settings"]["tokens"] == "patch tokens and the CLS token" and res2["anova"] == res2["layerwise"]["anova"][0]
+    assert len(res2["spectrum"]["lambda_mean"]) == 17
+
+
+def fake_gpt_module(tmp_path):
+    """Stands in for train_gpt's loaders: data/<dataset>/val.bin (uint16) and meta.json."""
+    d = tmp_path / "data" / "tiny"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    tokens = (rng.zipf(1.5, 3000) % 50).astype(np.uint16)  # a skewed unigram distribution
+    tokens.tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 50, "tokenizer": "char",
+                                             "itos": [chr(97 + i % 26) for i in range(50)]}))
+    mod = types.ModuleType("train_gpt")
+    mod.load_tokens = lambda data_dir, dataset, split: np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"),
+                                                                 dtype=np.uint16, mode="r")
+    mod.load_meta = lambda data_dir, dataset: json.load(open(os.path.join(data_dir, dataset, "meta.json")))
+    return str(tmp_path / "data"), mod
+
+
+def test_end_to_end_gpt(tmp_path, monkeypatch, capsys):
+    data_dir, mod = fake_gpt_module(tmp_path)
+    monkeypatch.setitem(sys.modules, "train_gpt", mod)
+    run = make_run(tmp_path / "gpt", "gpt", n_lap=[0, 4], dataset="tiny", data_dir=data_dir, block_size=32)
+    analyze.main([run, "--max_samples=40", "--batch_size=16", "--n_targets=8", f"--out={tmp_path / 'o'}"])
+    res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png"])
+    s = res["settings"]
+    assert s["n_samples"] == 40 and s["seq_len"] == 32 and s["n_targets"] == 8
+    a = res["anova"]
+    assert a["n_classes"] == 8 and len(a["targets"]) == 8 and a["target_names"][0].startswith("'")
+    assert a["within_class_frac"] + a["between_class_frac"] == pytest.approx(1.0)
+    assert 0 < a["target_share"] <= 1 and a["n_tokens"] == round(a["target_share"] * 40 * 32)
+    assert res["nc"]["nc1"] > 0 and len(res["spectrum"]["lambda_mean"]) == 32
+    assert res["n_lap_label"] == "2 [0, 4]" and res["final_metric"]["name"] == "val_loss"
+    assert len(res["layerwise"]["within_seq_frac"]) == 3
+    assert "RESULT kind=gpt n_lap=2[0,4]" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="seq_len"):
+        analyze.main([run, "--seq_len=64"])
+
+
+def fake_dino_module(fashion_dir):
+    mod = types.ModuleType("train_dino")
+
+    def load_eval_images(cfg):
+        from train_vit import load_images
+        return load_images("fashion_mnist", cfg["data_dir"])["val"]
+    mod.load_eval_images = load_eval_images
+    return mod
+
+
+def test_end_to_end_dino(tmp_path, fashion_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "train_dino", fake_dino_module(fashion_dir))
+    run = make_run(tmp_path / "dino", "dino", n_lap=4, dataset="fashion_mnist", data_dir=fashion_dir)
+    analyze.main([run, "--max_samples=30", "--map_images=6", f"--out={tmp_path / 'o'}"])
+    res = check_outputs(tmp_path / "o", ["collapse.png", "anova.png", "spectrum.png", "pca_maps.png"])
+    assert res["settings"]["map_images"] == 6 and res["settings"]["n_samples"] == 30
+    assert "nc" not in res and sum(res["anova"][k] for k in FRACS) == pytest.approx(1.0)
+    assert res["final_metric"]["name"] == "knn_acc"
+
+
+def test_comparison_over_runs(tmp_path, fashion_dir, capsys):
+    runs = [make_run(tmp_path / f"vit-k{k}-s{s}", "vit", n_lap=k, seed=s, metric=0.6 + 0.1 * k + 0.01 * s,
+                     dataset="fashion_mnist", data_dir=fashion_dir) for k in (0, 4) for s in (0, 1)]
+    runs.append(make_run(tmp_path / "vit-list", "vit", n_lap=[1, 3], dataset="fashion_mnist", data_dir=fashion_dir))
+    out = tmp_path / "cmp"
+    analyze.main(runs + ["--max_samples=20", "--batch_size=20", f"--out={out}"])
+    figs = [f"compare_vit_{n}.png" for n in ("metric", "anova", "kalpha", "spectra", "collapse")]
+    for f in figs:
+        assert os.path.getsize(out / f) > 1000
+    for r in runs:  # one folder of per-run analyses each
+        assert os.path.isfile(out / os.path.basename(r) / "analysis.json")
+    res = json.loads((out / "analysis.json").read_text())
+    c = res["comparisons"][0]
+    assert c["kind"] == "vit" and c["figures"] == figs and len(res["runs"]) == 5
+    groups = {g["n_lap"]: g for g in c["groups"]}
+    assert list(groups) == ["0", "2 [1, 3]", "4"]  # ordered by the mean number of Laplacian heads
+    assert groups["4"]["val_acc"]["mean"] == pytest.approx(1.005) and groups["4"]["val_acc"]["n"] == 2
+    assert groups["4"]["val_acc"]["std"] == pytest.approx(np.std([1.0, 1.01], ddof=1))
+    assert groups["4"]["seeds"] == [0, 1] and c["differing_settings"] == []
+    assert "RESULT runs=5 comparisons=vit" in capsys.readouterr().out
+    assert "| 4 | 2 |" in (out / "summary.md").read_text()
+
+
+def test_bad_input(tmp_path, fashion_dir):
+    with pytest.raises(UsageError, match="run directories"):
+        analyze.main(["--max_samples=3"])
+    run = make_run(tmp_path / "v", "vit", dataset="fashion_mnist", data_dir=fashion_dir)
+    with pytest.raises(UsageError, match="tokens"):
+        analyze.main([run, "--tokens=cls"])
+    with pytest.raises(UsageError, match="unknown option"):
+        analyze.main([run, "--colour=red"])
+    with pytest.raises(UsageError, match="layer"):
+        analyze.main([run, "--layer=7", "--max_samples=4"])
+    with pytest.raises(UsageError, match="etf_classes"):
+        analyze.main([run, "--etf_classes=[1,1,2]", "--max_samples=20"])
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        analyze.main([str(tmp_path / "empty")])
+    torch.save({"kind": "bert"}, tmp_path / "empty" / "ckpt.pt")
+    with pytest.raises(UsageError, match="unknown checkpoint kind"):
+        analyze.main([str(tmp_path / "empty")])
