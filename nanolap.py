@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -41,10 +42,8 @@ import torch.nn.functional as F
 # -----------------------------------------------------------------------------
 # config
 
-
 class UsageError(ValueError):
     """A mistake in the user's input; scripts print it without a traceback (see run_main)."""
-
 
 @dataclass
 class Config:
@@ -123,7 +122,6 @@ class Config:
         """Number of Laplacian heads in each layer."""
         return list(self.n_lap) if isinstance(self.n_lap, list) else [self.n_lap] * self.n_layer
 
-
 # The paper's models and small sizes that train on a laptop CPU. Any field can be overridden.
 _VIT = dict(model="vit", qk_norm=True, norm="layernorm", mlp="gelu", bias=True, pos="learned")
 _GPT = dict(model="gpt", causal=True, qk_norm=True, norm="rmsnorm", mlp="relu2", bias=False,
@@ -140,7 +138,6 @@ PRESETS = {
     "gpt-tiny": dict(_GPT, n_layer=4, n_embd=128, n_head=4, vocab_size=65, block_size=128),
 }
 
-
 def make_config(preset, **overrides):
     """Config from a named preset plus field overrides (None values are ignored). Raises UsageError."""
     if preset not in PRESETS:
@@ -153,22 +150,18 @@ def make_config(preset, **overrides):
 # -----------------------------------------------------------------------------
 # attention
 
-
 class RMSNorm(nn.Module):
     """Parameter-free RMSNorm (nanochat)."""
 
     def forward(self, x):
         return F.rms_norm(x, (x.size(-1),))
 
-
 def make_norm(config, dim):
     return nn.LayerNorm(dim, bias=config.bias) if config.norm == "layernorm" else RMSNorm()
-
 
 def apply_rope(x, cos, sin):  # x: (B, T, H, D), cos/sin: (1, T, 1, D/2)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
-
 
 class MixedHeadAttention(nn.Module):
     """n_head heads; the trailing n_lap of them output (I - P) V instead of P V."""
@@ -216,7 +209,6 @@ class MixedHeadAttention(nn.Module):
 # -----------------------------------------------------------------------------
 # block
 
-
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -231,7 +223,6 @@ class MLP(nn.Module):
         x = F.relu(x).square() if self.relu2 else F.gelu(x)
         return self.drop(self.proj(x))
 
-
 class LayerScale(nn.Module):
     def __init__(self, dim, init):
         super().__init__()
@@ -240,14 +231,12 @@ class LayerScale(nn.Module):
     def forward(self, x):
         return x * self.gamma
 
-
 def drop_path(x, p, training):
     """Stochastic depth: drop a whole residual branch per sample, rescale the kept ones."""
     if p == 0.0 or not training:
         return x
     keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - p)
     return x * keep / (1 - p)
-
 
 class Block(nn.Module):
     def __init__(self, config, n_lap, drop_path_rate):
@@ -264,7 +253,6 @@ class Block(nn.Module):
 
 # -----------------------------------------------------------------------------
 # trunk shared by the ViT and the GPT
-
 
 class Trunk(nn.Module):
     """Blocks + final norm, analysis access, and the one place where weights are initialised."""
@@ -295,11 +283,9 @@ class Trunk(nn.Module):
         return block.attn(block.norm1(x), rope, explicit=True, return_attn=True)[1]
 
     def num_params(self, exclude_embedding=False):
+        """Parameter count; exclude_embedding drops the GPT's token table (a lookup, not a matmul)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.embedding_params() if exclude_embedding else n
-
-    def embedding_params(self):
-        return 0
+        return n - self.wte.weight.numel() if exclude_embedding and hasattr(self, "wte") else n
 
     def flops_per_token(self, T):
         """Training FLOPs per token: 6N for the matmuls plus 12*L*H*Q*T for attention (nanochat).
@@ -309,23 +295,19 @@ class Trunk(nn.Module):
 
     def init_weights(self):
         """All initialisation lives here.
-        ViT (DeiT/timm): Linear weights and cls/pos embeddings ~ truncated normal(0.02), biases 0,
-            LayerNorm 1/0 (LayerScale keeps its init value).
+        ViT (DeiT/timm): Linear weights and cls/pos embeddings ~ truncated normal(0.02), biases 0;
+            norms, LayerScale and the patch-embedding convolution keep PyTorch's defaults.
         GPT (nanochat): Linear weights ~ N(0, 1/fan_in * min(1, fan_out/fan_in)), embedding ~ N(0, 1),
             and the attention/MLP output projections and lm_head are zero, so every block, Laplacian
             or not, is an exact no-op at step 0."""
         gpt = self.config.model == "gpt"
-        for name, m in self.named_modules():
+        for m in self.modules():
             if isinstance(m, nn.Linear):
                 if gpt:
                     fan_out, fan_in = m.weight.shape
                     nn.init.normal_(m.weight, std=fan_in ** -0.5 * min(1.0, math.sqrt(fan_out / fan_in)))
                 else:
                     nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Embedding):
@@ -341,7 +323,6 @@ class Trunk(nn.Module):
 
 # -----------------------------------------------------------------------------
 # ViT
-
 
 class ViT(Trunk):
     """Patch embedding, CLS token, learned position embedding on the patches (DeiT-III), head.
@@ -383,7 +364,6 @@ class ViT(Trunk):
 # -----------------------------------------------------------------------------
 # GPT
 
-
 class GPT(Trunk):
     """nanochat's GPT: token embedding then RMSNorm, RoPE, QK-norm, ReLU^2 MLP, no biases,
     untied lm_head, logits soft-capped as softcap * tanh(x / softcap)."""
@@ -399,9 +379,6 @@ class GPT(Trunk):
         self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)  # (1, T, 1, D/2)
         self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
         self.init_weights()
-
-    def embedding_params(self):
-        return self.wte.weight.numel()
 
     def _embed(self, idx):
         T = idx.shape[1]
@@ -444,7 +421,6 @@ class GPT(Trunk):
 # -----------------------------------------------------------------------------
 # DINO head
 
-
 class DINOHead(nn.Module):
     """facebookresearch/dino: MLP -> L2-normalised bottleneck -> weight-normalised linear layer.
     The last layer's weight is g * v / |v| per output row; norm_last_layer freezes g at 1."""
@@ -452,14 +428,11 @@ class DINOHead(nn.Module):
     def __init__(self, in_dim, out_dim=4096, hidden_dim=2048, bottleneck_dim=256, n_layers=3, norm_last_layer=True):
         super().__init__()
         dims = [in_dim] + [hidden_dim] * (n_layers - 1) + [bottleneck_dim]
-        layers = []
-        for i in range(n_layers):
-            layers += [nn.Linear(dims[i], dims[i + 1])] + ([nn.GELU()] if i < n_layers - 1 else [])
-        self.mlp = nn.Sequential(*layers)
-        for m in self.mlp:
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+        linears = [nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:])]
+        for m in linears:
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+        self.mlp = nn.Sequential(*[m for lin in linears for m in (lin, nn.GELU())][:-1])  # no GELU at the end
         self.weight_v = nn.Parameter(torch.empty(out_dim, bottleneck_dim))
         nn.init.trunc_normal_(self.weight_v, std=0.02)
         self.weight_g = nn.Parameter(torch.ones(out_dim, 1), requires_grad=not norm_last_layer)
@@ -474,27 +447,18 @@ class DINOHead(nn.Module):
 # -----------------------------------------------------------------------------
 # building and loading models
 
-
 def build_model(config):
     return ViT(config) if config.model == "vit" else GPT(config)
 
-
 def clean_state_dict(state_dict):
     """Strip the prefixes that torch.compile (_orig_mod.) and DDP (module.) add to parameter names."""
-    out = {}
-    for k, v in state_dict.items():
-        while k.startswith(("_orig_mod.", "module.")):
-            k = k.split(".", 1)[1]
-        out[k.replace("._orig_mod.", ".")] = v
-    return out
-
+    return {re.sub(r"(^|(?<=\.))(_orig_mod|module)\.", "", k): v for k, v in state_dict.items()}
 
 def load_checkpoint(path, map_location="cpu"):
     """torch.load with weights_only=True: a checkpoint can hold tensors and plain data, never code."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     return torch.load(path, map_location=map_location, weights_only=True)
-
 
 def load_model(path_or_ckpt, key="model", map_location="cpu"):
     """Rebuild a model from a nanolap checkpoint (a path or an already loaded dict)."""
@@ -503,27 +467,28 @@ def load_model(path_or_ckpt, key="model", map_location="cpu"):
     model.load_state_dict(clean_state_dict(ckpt[key]))
     return model
 
-
 def save_checkpoint(obj, path):
     """Atomic: write a temporary file, fsync, rename. An interrupted save leaves the old file intact."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 # -----------------------------------------------------------------------------
 # helpers shared by train_vit.py, train_gpt.py, train_dino.py and analyze.py
-
 
 def _literal(text):
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text  # a bare word is a string: --dataset=cifar10
-
 
 def _check_type(key, value, default):
     if default is None or value is None:
@@ -540,7 +505,6 @@ def _check_type(key, value, default):
         raise UsageError(f"--{key}={value!r} has type {type(value).__name__}, "
                          f"expected {type(default).__name__} like the default {default!r}")
     return list(value) if isinstance(value, tuple) else value
-
 
 def parse_args(defaults, argv=None):
     """Resolve a config dict from defaults, then config files (plain `key = literal` lines), then
@@ -577,7 +541,6 @@ def parse_args(defaults, argv=None):
                 config[key] = _check_type(key, value, defaults[key])
     return config
 
-
 def run_main(main):
     """Call main(); a UsageError, ValueError from Config, or missing file is printed without a traceback."""
     try:
@@ -586,7 +549,6 @@ def run_main(main):
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit("interrupted; the last checkpoint is intact (resume with --resume)")
-
 
 def setup_distributed():
     """torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; without them this is a single process.
@@ -603,11 +565,9 @@ def setup_distributed():
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return rank, local_rank, world, device
 
-
 def teardown_distributed():
     if dist.is_initialized():
         dist.destroy_process_group()
-
 
 def all_reduce_mean(x, device="cpu"):
     """Mean of a number or tensor over processes (identity without a process group)."""
@@ -617,13 +577,11 @@ def all_reduce_mean(x, device="cpu"):
         t /= dist.get_world_size()
     return t.item() if t.ndim == 0 else t
 
-
 def rng_state():
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
-
 
 def set_rng_state(state):
     random.setstate(state["python"])
@@ -631,24 +589,18 @@ def set_rng_state(state):
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
-
 def peak_flops(device):
     """bf16 dense peak of the accelerator, for MFU; None where unknown (CPU)."""
     if not str(device).startswith("cuda"):
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40", 181e12), ("A10", 125e12),
-                       ("4090", 165e12), ("3090", 71e12), ("V100", 125e12), ("T4", 65e12)):
-        if key in name:
-            return flops
-    return None
-
+    peaks = dict(H200=989e12, H100=989e12, A100=312e12, L40=181e12, A10=125e12, V100=125e12, T4=65e12)
+    return next((flops for key, flops in peaks.items() if key in name), None)
 
 def append_jsonl(path, record):
     """One JSON line per evaluation in out_dir/log.jsonl."""
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
-
 
 def check_finite(loss, step):
     """Stop before the optimiser step when the loss is NaN or inf; the last checkpoint stays intact."""
@@ -656,14 +608,12 @@ def check_finite(loss, step):
         raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: stopping before the optimiser "
                                  f"step; the last checkpoint is intact. Try a lower learning rate or --grad_clip.")
 
-
 def format_time(seconds):
     seconds = int(seconds)
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 # -----------------------------------------------------------------------------
 # python nanolap.py: self-check and micro-benchmark on the device present
-
 
 def _time_step(model, idx, repeats):
     t0 = time.perf_counter()
@@ -673,7 +623,6 @@ def _time_step(model, idx, repeats):
     if idx.is_cuda:
         torch.cuda.synchronize()
     return (time.perf_counter() - t0) / repeats
-
 
 def _overhead(models, idx, rounds, repeats):
     """Median ratio of step times (n_lap = n_head) / (n_lap = 0), the two measured in alternation."""
@@ -689,7 +638,6 @@ def _overhead(models, idx, rounds, repeats):
     med = lambda xs: sorted(xs)[len(xs) // 2]
     return med(ratios), med([t[0] for t in times]), med([t[1] for t in times])
 
-
 def _selfcheck():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -699,9 +647,8 @@ def _selfcheck():
     for model in ("vit", "gpt"):
         cfg = make_config(f"{model}-tiny", n_lap=[0, 1, 3, 4], **({"vocab_size": 100} if model == "gpt" else {}))
         m = build_model(cfg).to(device).eval()
-        if model == "gpt":  # zero-initialised projections would make every head a no-op: randomise
-            for p in m.parameters():
-                nn.init.normal_(p, std=0.1)
+        for p in m.parameters() if model == "gpt" else []:  # zero-init projections: every head a no-op
+            nn.init.normal_(p, std=0.1)
         x = torch.randint(0, 100, (2, 64), device=device) if model == "gpt" else torch.randn(2, 1, 28, 28, device=device)
         with torch.no_grad():
             max_err = max(max_err, (m(x) - m(x, explicit=True)).abs().max().item())
@@ -712,27 +659,20 @@ def _selfcheck():
     models = [build_model(make_config("gpt-tiny", **cfg, n_lap=k)).to(device) for k in (0, 8)]
     models[1].load_state_dict(models[0].state_dict())
     idx = torch.randint(0, 512, (B, T), device=device)
-    rows = []
-    lap_overhead, t0, t1 = _overhead(models, idx, rounds=9, repeats=3)
-    rows.append(("eager", t0, t1, lap_overhead))
-    compiled = [torch.compile(m, fullgraph=True) for m in models]
-    lap_overhead_c, t0, t1 = _overhead(compiled, idx, rounds=9, repeats=3)
-    rows.append(("compiled", t0, t1, lap_overhead_c))
+    rows = [("eager", *_overhead(models, idx, rounds=9, repeats=3)),
+            ("compiled", *_overhead([torch.compile(m, fullgraph=True) for m in models], idx, rounds=9, repeats=3))]
     # 3. the explicit path materialises B*H*T*T probabilities: its price at T = 1024
     idx = torch.randint(0, 512, (2, 1024), device=device)
-    fused = _time_step(models[1], idx, 1), _time_step(models[1], idx, 2)
     explicit_model = lambda i, t: models[1](i, t, explicit=True)
-    _time_step(explicit_model, idx, 1)
-    explicit_slowdown = _time_step(explicit_model, idx, 2) / fused[1]
+    fused, explicit = [(_time_step(m, idx, 1), _time_step(m, idx, 2))[1] for m in (models[1], explicit_model)]
     print(f"\nGPT {cfg['n_layer']}L d{cfg['n_embd']} {cfg['n_head']}h, B={B} T={T}, forward+backward, "
           f"median of 9 interleaved rounds:")
     print(f"{'mode':<10}{'n_lap=0 ms':>12}{'n_lap=8 ms':>12}{'ratio':>8}")
-    for mode, a, b, r in rows:
-        print(f"{mode:<10}{a * 1e3:>12.1f}{b * 1e3:>12.1f}{r:>8.3f}")
-    print(f"explicit path at T=1024 (B=2): {explicit_slowdown:.2f}x the fused path")
-    print(f"RESULT max_err={max_err:.3g} lap_overhead={lap_overhead:.3f} "
-          f"lap_overhead_compiled={lap_overhead_c:.3f} explicit_slowdown={explicit_slowdown:.2f}")
-
+    for mode, ratio, a, b in rows:
+        print(f"{mode:<10}{a * 1e3:>12.1f}{b * 1e3:>12.1f}{ratio:>8.3f}")
+    print(f"explicit path at T=1024 (B=2): {explicit / fused:.2f}x the fused path")
+    print(f"RESULT max_err={max_err:.3g} lap_overhead={rows[0][1]:.3f} "
+          f"lap_overhead_compiled={rows[1][1]:.3f} explicit_slowdown={explicit / fused:.2f}")
 
 if __name__ == "__main__":
     _selfcheck()
