@@ -90,28 +90,28 @@ def anova(h, y):
 
 class AnovaStats:
     """Streaming anova(): token count and sums, the within-sequence sum of squares, and per class the
-    count, sum and sum of squared norms of the sequence means. float64, shifted by the first batch's mean."""
+    count, sum and sum of squared norms of the sequence means. float64 on the tokens' device, shifted by the
+    first batch's mean (the shift leaves every variance unchanged and keeps the sums well conditioned)."""
 
     def __init__(self, num_classes):
         self.C, self.shift, self.n_seq, self.n_tok = num_classes, None, 0, 0
 
     def update(self, h, y):
-        h = h.detach().double().cpu()
-        y = y.cpu()
+        h = h.detach().double()
+        y = y.to(h.device)
         if self.shift is None:
-            d = h.shape[-1]
+            d, kw = h.shape[-1], dict(dtype=torch.float64, device=h.device)
             self.shift = h.reshape(-1, d).mean(0)
-            self.tok_sum, self.tok_sumsq, self.within_seq = torch.zeros(d, dtype=torch.float64), 0.0, 0.0
-            self.count = torch.zeros(self.C, dtype=torch.float64)
-            self.mu_sum = torch.zeros(self.C, d, dtype=torch.float64)
-            self.mu_sumsq = torch.zeros(self.C, dtype=torch.float64)
+            self.tok_sum, self.tok_sumsq, self.within_seq = torch.zeros(d, **kw), torch.zeros((), **kw), 0.0
+            self.count, self.mu_sum = torch.zeros(self.C, **kw), torch.zeros(self.C, d, **kw)
+            self.mu_sumsq = torch.zeros(self.C, **kw)
         h = h - self.shift
         mu_i = h.mean(1)  # (B, d)
         self.n_seq, self.n_tok = self.n_seq + h.shape[0], self.n_tok + h.shape[0] * h.shape[1]
         self.tok_sum += h.sum((0, 1))
-        self.tok_sumsq += h.square().sum().item()
-        self.within_seq += (h - mu_i[:, None]).square().sum().item()
-        self.count.index_add_(0, y, torch.ones(len(y), dtype=torch.float64))
+        self.tok_sumsq += h.square().sum()
+        self.within_seq += (h - mu_i[:, None]).square().sum()
+        self.count.index_add_(0, y, torch.ones_like(mu_i[:, 0]))
         self.mu_sum.index_add_(0, y, mu_i)
         self.mu_sumsq.index_add_(0, y, mu_i.square().sum(-1))
 
@@ -141,17 +141,20 @@ class MeanStats:
         self.sum, self.n = 0.0, 0
 
     def update(self, values):
-        self.sum, self.n = self.sum + values.double().sum().item(), self.n + values.numel()
+        self.sum, self.n = self.sum + values.double().sum(), self.n + values.numel()
 
     def result(self):
-        return self.sum / self.n
+        return float(self.sum / self.n)
 
 
 def seq_spectrum(h):
     """Eigenvalues lambda_1 >= lambda_2 >= ... of X~_i^T X~_i, X~_i the tokens of sequence i centred by their
-    mean: (N, T, d) -> (N, min(T, d)), the squared singular values of X~_i."""
+    mean: (N, T, d) -> (N, min(T, d)). Computed from the smaller Gram matrix (X~ X~^T when T < d, same non-zero
+    eigenvalues) in float64: batched eigvalsh is many times faster than batched SVD on a CPU."""
     x = h.double()
-    return torch.linalg.svdvals(x - x.mean(1, keepdim=True)).square()
+    x = x - x.mean(1, keepdim=True)
+    gram = x @ x.transpose(1, 2) if x.shape[1] < x.shape[2] else x.transpose(1, 2) @ x
+    return torch.linalg.eigvalsh(gram).flip(-1).clamp(min=0)
 
 
 def k_alpha(lam, alpha):
@@ -169,17 +172,17 @@ class SpectrumStats:
         self.k_sum = {a: 0.0 for a in alphas}
 
     def update(self, h):
-        lam = seq_spectrum(h.detach()).cpu()
+        lam = seq_spectrum(h.detach())
         self.n += lam.shape[0]
         self.sum, self.sumsq = self.sum + lam.sum(0), self.sumsq + lam.square().sum(0)
         for a in self.alphas:
-            self.k_sum[a] += k_alpha(lam, a).double().sum().item()
+            self.k_sum[a] += k_alpha(lam, a).double().sum()
 
     def result(self):
-        mean = self.sum / self.n
-        std = (self.sumsq / self.n - mean.square()).clamp(min=0).sqrt()  # population std over sequences
+        mean, meansq = self.sum.cpu() / self.n, self.sumsq.cpu() / self.n
+        std = (meansq - mean.square()).clamp(min=0).sqrt()  # population std over sequences
         out = {"lambda_mean": mean.tolist(), "lambda_std": std.tolist(), "n_sequences": self.n}
-        out.update({f"k_{a}": self.k_sum[a] / self.n for a in self.alphas})
+        out.update({f"k_{a}": float(self.k_sum[a] / self.n) for a in self.alphas})
         return out
 
 
@@ -252,21 +255,26 @@ class ClassStats:
         self.C, self.shift, self.n = num_classes, None, 0
 
     def update(self, x, y):
-        x, y = x.detach().double().cpu(), y.cpu()
+        x = x.detach().double()
+        y = y.to(x.device)
         if self.shift is None:
-            d = x.shape[-1]
-            self.shift = x.mean(0)
-            self.count = torch.zeros(self.C, dtype=torch.float64)
-            self.sum = torch.zeros(self.C, d, dtype=torch.float64)
-            self.sumsq, self.scatter = 0.0, torch.zeros(d, d, dtype=torch.float64)
+            d, kw = x.shape[-1], dict(dtype=torch.float64, device=x.device)
+            self.shift = x.mean(0) if len(x) else torch.zeros(d, **kw)
+            self.count, self.sum = torch.zeros(self.C, **kw), torch.zeros(self.C, d, **kw)
+            self.sumsq, self.scatter = torch.zeros((), **kw), torch.zeros(d, d, **kw)
         x = x - self.shift
         self.n += len(x)
-        self.count.index_add_(0, y, torch.ones(len(y), dtype=torch.float64))
+        self.count.index_add_(0, y, torch.ones_like(x[:, 0]))
         self.sum.index_add_(0, y, x)
-        self.sumsq += x.square().sum().item()
+        self.sumsq += x.square().sum()
         self.scatter += x.T @ x
 
+    def _to_cpu(self):
+        for k in ("shift", "count", "sum", "sumsq", "scatter"):
+            setattr(self, k, getattr(self, k).cpu())
+
     def _means(self):
+        self._to_cpu()
         seen = self.count > 0
         return seen, self.count[seen], self.sum[seen] / self.count[seen, None]  # shifted means
 
@@ -319,11 +327,15 @@ def pca_rgb(patches, grid):
 # data: the evaluation split each run used
 
 
-def normalize_images(x, mean, std):
-    """uint8 (B, C, H, W) -> float: scaled to [0, 1], then per-channel (x - mean) / std, as the training scripts do."""
+def normalize_images(x, mean, std, img_size=None):
+    """uint8 (B, C, H, W) -> float, as train_vit.normalise does at evaluation: scale to [0, 1], resize to the
+    model's img_size (bilinear, antialiased) when it differs, then per channel (x - mean) / std."""
+    x = x.float() / 255
+    if img_size and x.shape[-1] != img_size:
+        x = F.interpolate(x, size=(img_size, img_size), mode="bilinear", antialias=True)
     mean = torch.tensor(mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     std = torch.tensor(std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-    return (x.float() / 255 - mean) / std
+    return (x - mean) / std
 
 
 def subset(n, k, seed):
@@ -332,19 +344,31 @@ def subset(n, k, seed):
     return torch.randperm(n, generator=g)[:k].sort().values
 
 
-def load_eval_images(kind, cfg):
-    """(x uint8 (N, C, H, W), y int64, class names, mean, std) for a ViT or DINO run."""
-    if kind == "vit":
-        from train_vit import load_images
-        data = load_images(cfg["dataset"], cfg.get("data_dir", "data"))
-        (x, y), names, mean, std = data["val"], data["classes"], data["mean"], data["std"]
-    else:
+def load_eval_images(kind, ckpt, max_samples, seed):
+    """The validation images a ViT or DINO run was evaluated on, a fixed random subset of at most max_samples:
+    (x uint8 (N, C, H, W), y int64 (N,), class names or None, mean, std). The normalisation statistics are
+    the ones the run stored in its checkpoint when it did (train_vit.py does), else the dataset's."""
+    cfg = ckpt.get("config", {})
+    if kind == "dino":
         import train_dino
         x, y = train_dino.load_eval_images(cfg)
-        names = None
-        x01 = x[:4096].float() / 255  # the normalisation statistics of the evaluation images themselves
+        idx = subset(len(x), min(max_samples, len(x)), seed)
+        x, y, names = x[idx], y[idx], None
+        x01 = x.float() / 255  # no stored statistics: those of the analysed images themselves
         mean, std = x01.mean((0, 2, 3)).tolist(), x01.std((0, 2, 3)).clamp(min=1e-6).tolist()
-    return x, y.long(), names, mean, std
+    elif cfg.get("dataset") == "imagefolder":  # ImageNet-style folders: decode only the subset
+        from train_vit import IMAGENET_MEAN, IMAGENET_STD, imagefolder_datasets
+        _, val = imagefolder_datasets(cfg["data_dir"], ckpt["model_config"]["img_size"])
+        idx = subset(len(val), min(max_samples, len(val)), seed).tolist()
+        x, y = torch.stack([val[i][0] for i in idx]), torch.tensor([val.targets[i] for i in idx])
+        names, mean, std = val.classes, IMAGENET_MEAN, IMAGENET_STD
+    else:
+        from train_vit import load_images
+        data = load_images(cfg["dataset"], cfg.get("data_dir", "data"))
+        x, y = data["val"]
+        idx = subset(len(x), min(max_samples, len(x)), seed)
+        x, y, names, mean, std = x[idx], y[idx], data["classes"], data["mean"], data["std"]
+    return x, y.long(), ckpt.get("classes", names), ckpt.get("mean", mean), ckpt.get("std", std)
 
 
 def load_windows(cfg, T, max_samples):
@@ -360,20 +384,13 @@ def load_windows(cfg, T, max_samples):
 
 
 def token_names(cfg, ids):
-    """Readable names of token ids (for the JSON and figures): the run's tokenizer when we can tell, else ids."""
+    """Readable names of token ids for the JSON (the run's tokenizer); the ids themselves when it is unavailable."""
     try:
-        from train_gpt import load_meta
-        meta = load_meta(cfg.get("data_dir", "data"), cfg["dataset"])
-        if "itos" in meta:
-            itos = meta["itos"]
-            return [repr(itos[i] if isinstance(itos, list) else itos.get(i, itos.get(str(i), "?"))) for i in ids]
-        if "gpt2" in str(meta.get("tokenizer", "")):
-            import tiktoken
-            enc = tiktoken.get_encoding("gpt2")
-            return [repr(enc.decode([i])) for i in ids]
-    except Exception:
-        pass  # names are a nicety; ids are always correct
-    return [str(i) for i in ids]
+        from train_gpt import get_tokenizer, load_meta
+        tok = get_tokenizer(load_meta(cfg.get("data_dir", "data"), cfg["dataset"]))
+        return [repr(tok.decode([i])) for i in ids]
+    except Exception:  # names are a nicety (GPT-2 BPE needs tiktoken's downloaded vocabulary); ids are exact
+        return [str(i) for i in ids]
 
 # -----------------------------------------------------------------------------
 # forward passes: one batched no-grad sweep per run, every statistic streamed
@@ -411,7 +428,8 @@ def image_pass(model, kind, x, y, num_classes, mean, std, opt, dev, name):
     progress = Progress(name, len(x))
     for i in range(0, len(x), opt["batch_size"]):
         xb, yb = x[i: i + opt["batch_size"]], y[i: i + opt["batch_size"]]
-        hs = model.forward_features(normalize_images(xb.to(dev), mean, std), all_layers=True)  # L + 1 x (B, 1+N, d)
+        img = normalize_images(xb.to(dev), mean, std, model.config.img_size if kind == "vit" else None)
+        hs = model.forward_features(img, all_layers=True)  # L + 1 tensors (B, 1 + N, d)
         for l, h in enumerate(hs):
             layer_anova[l].update(sel(h), yb)
             layer_cos[l].update(seq_cosine(sel(h)))
@@ -522,7 +540,7 @@ def fig_anova_layers(res, title, path):
         ax.bar(lw["layer"], vals, bottom=bottom, label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set(xlabel="after block", ylabel="fraction of total variance", ylim=(0, 1), title=title)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
 
 
@@ -549,13 +567,13 @@ def fig_pca(kept, labels, names, title, path):
     n, T, d = kept.shape
     xy, ratio = pca_2d(kept.reshape(-1, d))
     lab = labels[:n].repeat_interleave(T)
-    fig, ax = plt.subplots(figsize=(5.2, 4.4))
+    fig, ax = plt.subplots(figsize=(6.2, 4.4))
     for c in lab.unique().tolist():
         m = lab == c
         ax.scatter(xy[m, 0], xy[m, 1], s=4, alpha=0.6, color=plt.cm.tab10(c % 10),
                    label=names[c] if names else str(c))
     ax.set(xlabel=f"PC1 ({ratio[0]:.0%})", ylabel=f"PC2 ({ratio[1]:.0%})", title=title)
-    ax.legend(fontsize=7, markerscale=3, loc="best")
+    ax.legend(fontsize=7, markerscale=3, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
 
 
@@ -589,7 +607,7 @@ def fig_pca_maps(kept, shown, grid, title, path):
     for i in range(n):
         a, b = axes[i // per_row, 2 * (i % per_row)], axes[i // per_row, 2 * (i % per_row) + 1]
         img = _as_image(shown[i])
-        a.imshow(img, cmap="gray" if img.ndim == 2 else None)
+        a.imshow(img, cmap="gray", vmin=0, vmax=255) if img.ndim == 2 else a.imshow(img)
         b.imshow(pca_rgb(kept[i], grid).numpy(), interpolation="nearest")
     fig.suptitle(title + "   (image | top-3 PCs of its patch tokens as RGB)", fontsize=9)
     return _save(fig, path)
@@ -662,9 +680,7 @@ def analyze_run(run, opt, out_dir, dev):
         figs.append(fig_collapse(res, title, os.path.join(out_dir, "collapse.png")))
         figs.append(fig_lm_anova(res, title, os.path.join(out_dir, "anova.png")))
     else:
-        x, y, names, mean, std = load_eval_images(kind, cfg)
-        idx = subset(len(x), min(opt["max_samples"], len(x)), opt["seed"])
-        x, y = x[idx], y[idx]
+        x, y, names, mean, std = load_eval_images(kind, ckpt, opt["max_samples"], opt["seed"])
         num_classes = max(int(y.max()) + 1, model.config.num_classes)
         r, extra = image_pass(model, kind, x, y, num_classes, mean, std, opt, dev, name)
         res.update(r)
@@ -767,10 +783,11 @@ def run_summary(res):
     lines.append(f"| within-seq share after block 1 -> last block | "
                  f"{_fmt(res['layerwise']['within_seq_frac'][0])} -> {_fmt(res['layerwise']['within_seq_frac'][-2])} |")
     lines += [f"| k_{al} (mean over sequences) | {sp[f'k_{al}']:.1f} |" for al in ALPHAS]
-    for key, nc in ({"": res["nc"]} if res["kind"] == "gpt" else res.get("nc", {})).items():
-        for m in ("nc1", "nc2_equinorm", "nc2_equiangular", "nc3", "nc4"):
-            if m in nc:
-                lines.append(f"| {m.upper()}{' (' + key + ')' if key else ''} | {nc[m]:.4g} |")
+    names = dict(nc1="NC1", nc2_equinorm="NC2 equinorm of class means", nc2_equinorm_w="NC2 equinorm of W",
+                 nc2_equiangular="NC2 equiangularity of class means", nc2_equiangular_w="NC2 equiangularity of W",
+                 nc3="NC3 self-duality", nc4="NC4 classifier vs nearest class mean")
+    for key, nc in ({"next-token classes": res["nc"]} if res["kind"] == "gpt" else res.get("nc", {})).items():
+        lines += [f"| {label} ({key}) | {nc[m]:.4g} |" for m, label in names.items() if m in nc]
     lines += ["", "Figures: " + ", ".join(res["figures"]), ""]
     return "\n".join(lines)
 
@@ -834,7 +851,7 @@ def compare(results, out_dir, kind):
     ax.set_xticks(range(len(order)), order, rotation=30 if any(" " in k for k in order) else 0)
     ax.set(xlabel="Laplacian heads per layer", ylabel="fraction of total variance", ylim=(0, 1),
            title=f"{kind}: ANOVA of last-layer tokens" + (" (next-token classes)" if kind == "gpt" else ""))
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figs.append(_save(fig, os.path.join(out_dir, p + "anova.png")))
 
     # k_alpha vs n_lap
@@ -922,9 +939,12 @@ def main(argv=None):
         cfgs.append(load_checkpoint(run if run.endswith(".pt") else os.path.join(run, "ckpt.pt")).get("config", {}))
     if len(runs) == 1:
         r = results[0]
+        within_seq = r["layerwise"]["within_seq_frac"][-1 if opt["layer"] == -1 else opt["layer"] - 1]
+        nc1 = r["nc"]["nc1"] if r["kind"] == "gpt" else r.get("nc", {}).get("pooled", {}).get("nc1")
         print(f"RESULT kind={r['kind']} n_lap={r['n_lap_label'].replace(' ', '')} "
-              f"within_seq_frac={_fmt(r['anova'].get('within_seq_frac'), '.4f')} "
-              f"k_0.99={r['spectrum']['k_0.99']:.2f} out={out_root}")
+              f"within_seq_frac={_fmt(within_seq, '.4f')} "
+              f"k_0.9={r['spectrum']['k_0.9']:.2f} k_0.99={r['spectrum']['k_0.99']:.2f}"
+              + (f" nc1={nc1:.4g}" if nc1 is not None else "") + f" out={out_root}")
         return
 
     comparisons = []
@@ -956,7 +976,8 @@ def compare_summary(comparisons, results):
         lines += ["| n_lap | runs | " + c["metric"] + " | " + " | ".join(keys) + " | k_0.9 | k_0.99 |",
                   "|---" * (5 + len(keys)) + "|"]
         for g in c["groups"]:
-            ms = lambda d: "n/a" if d["mean"] is None else f"{d['mean']:.4g} +- {d['std']:.2g}"
+            ms = lambda d: ("n/a" if d["mean"] is None else f"{d['mean']:.4g}" if d["n"] == 1
+                            else f"{d['mean']:.4g} +- {d['std']:.2g}")
             lines.append(f"| {g['n_lap']} | {len(g['runs'])} | {ms(g[c['metric']])} | "
                          + " | ".join(ms(g[k]) for k in keys) + f" | {ms(g['k_0.9'])} | {ms(g['k_0.99'])} |")
         lines += ["", "Figures: " + ", ".join(c["figures"]), ""]

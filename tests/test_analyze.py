@@ -260,10 +260,12 @@ def check_outputs(out, figures):
 def test_end_to_end_vit(tmp_path, fashion_dir, capsys):
     run = make_run(tmp_path / "vit", "vit", n_lap=2, dataset="fashion_mnist", data_dir=fashion_dir)
     analyze.main([run, "--max_samples=50", "--batch_size=16", "--pca_images=8", "--etf_classes=[1,4,7]"])
-    res = check_outputs(os.path.join(run, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "pca.png", "etf.png"])
+    vit_figures = ["collapse.png", "anova.png", "spectrum.png", "pca.png", "etf.png"]
+    res = check_outputs(os.path.join(run, "analysis"), vit_figures)
     s = res["settings"]
     assert s["n_samples"] == 50 and s["layer"] == -1 and s["tokens"] == "patch tokens only" and s["pca_images"] == 8
-    assert res["kind"] == "vit" and res["n_lap"] == 2 and res["final_metric"] == {"name": "val_acc", "value": 0.5, "step": 10}
+    assert res["kind"] == "vit" and res["n_lap"] == 2
+    assert res["final_metric"] == {"name": "val_acc", "value": 0.5, "step": 10}
     assert sum(res["anova"][k] for k in FRACS) == pytest.approx(1.0)
     lw = res["layerwise"]
     assert len(lw["within_seq_frac"]) == len(lw["cosine"]) == len(lw["anova"]) == 3  # 2 blocks + final norm
@@ -279,37 +281,33 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys):
     assert "RESULT kind=vit n_lap=2" in out and "50/50 sequences" in out
     # with the CLS token and an earlier layer
     analyze.main([run, "--max_samples=20", "--tokens=all", "--layer=1", f"--out={tmp_path / 'a2'}"])
-    res2 = check_outputs(tmp_path / "a2", ["collapse.png", "anova.png", "spectrum.png", "pca.png", "etf.png"])
-    assert res2["settings"]["tokens"] == "patch tokens and the CLS token" and res2["anova"] == res2["layerwise"]["anova"][0]
+    res2 = check_outputs(tmp_path / "a2", vit_figures)
+    assert res2["settings"]["tokens"] == "patch tokens and the CLS token"
+    assert res2["anova"] == res2["layerwise"]["anova"][0]  # --layer=1: after block 1
     assert len(res2["spectrum"]["lambda_mean"]) == 17
 
 
-def fake_gpt_module(tmp_path):
-    """Stands in for train_gpt's loaders: data/<dataset>/val.bin (uint16) and meta.json."""
+def tiny_token_data(tmp_path):
+    """data/tiny/val.bin (uint16) and meta.json in train_gpt.py's format, read through its real loaders."""
     d = tmp_path / "data" / "tiny"
     d.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    tokens = (rng.zipf(1.5, 3000) % 50).astype(np.uint16)  # a skewed unigram distribution
-    tokens.tofile(d / "val.bin")
-    (d / "meta.json").write_text(json.dumps({"vocab_size": 50, "tokenizer": "char",
-                                             "itos": [chr(97 + i % 26) for i in range(50)]}))
-    mod = types.ModuleType("train_gpt")
-    mod.load_tokens = lambda data_dir, dataset, split: np.memmap(os.path.join(data_dir, dataset, f"{split}.bin"),
-                                                                 dtype=np.uint16, mode="r")
-    mod.load_meta = lambda data_dir, dataset: json.load(open(os.path.join(data_dir, dataset, "meta.json")))
-    return str(tmp_path / "data"), mod
+    (rng.zipf(1.5, 3000) % 50).astype(np.uint16).tofile(d / "val.bin")  # a skewed unigram distribution
+    chars = [chr(ord("a") + i) for i in range(26)] + [chr(ord("A") + i) for i in range(24)]
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 50, "tokenizer": "char", "chars": chars}))
+    return str(tmp_path / "data")
 
 
-def test_end_to_end_gpt(tmp_path, monkeypatch, capsys):
-    data_dir, mod = fake_gpt_module(tmp_path)
-    monkeypatch.setitem(sys.modules, "train_gpt", mod)
+def test_end_to_end_gpt(tmp_path, capsys):
+    data_dir = tiny_token_data(tmp_path)
     run = make_run(tmp_path / "gpt", "gpt", n_lap=[0, 4], dataset="tiny", data_dir=data_dir, block_size=32)
     analyze.main([run, "--max_samples=40", "--batch_size=16", "--n_targets=8", f"--out={tmp_path / 'o'}"])
     res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png"])
     s = res["settings"]
     assert s["n_samples"] == 40 and s["seq_len"] == 32 and s["n_targets"] == 8
     a = res["anova"]
-    assert a["n_classes"] == 8 and len(a["targets"]) == 8 and a["target_names"][0].startswith("'")
+    assert a["n_classes"] == 8 and len(a["targets"]) == 8
+    assert a["target_names"][0] == repr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX"[a["targets"][0]])
     assert a["within_class_frac"] + a["between_class_frac"] == pytest.approx(1.0)
     assert 0 < a["target_share"] <= 1 and a["n_tokens"] == round(a["target_share"] * 40 * 32)
     assert res["nc"]["nc1"] > 0 and len(res["spectrum"]["lambda_mean"]) == 32
@@ -318,6 +316,8 @@ def test_end_to_end_gpt(tmp_path, monkeypatch, capsys):
     assert "RESULT kind=gpt n_lap=2[0,4]" in capsys.readouterr().out
     with pytest.raises(UsageError, match="seq_len"):
         analyze.main([run, "--seq_len=64"])
+    with pytest.raises(UsageError, match="not prepared"):  # train_gpt's message for missing data
+        analyze.main([make_run(tmp_path / "gpt2", "gpt", dataset="nowhere", data_dir=data_dir)])
 
 
 def fake_dino_module(fashion_dir):
