@@ -349,13 +349,12 @@ def load_eval_images(kind, ckpt, max_samples, seed):
     (x uint8 (N, C, H, W), y int64 (N,), class names or None, mean, std). The normalisation statistics are
     the ones the run stored in its checkpoint when it did (train_vit.py does), else the dataset's."""
     cfg = ckpt.get("config", {})
-    if kind == "dino":
+    if kind == "dino":  # train_dino's k-NN images, normalised with its training statistics as its probes do
         import train_dino
-        x, y = train_dino.load_eval_images(cfg)
+        data = train_dino.load_dataset({**train_dino.DEFAULTS, **cfg})
+        x, y = train_dino.load_eval_images(cfg, data=data)
         idx = subset(len(x), min(max_samples, len(x)), seed)
-        x, y, names = x[idx], y[idx], None
-        x01 = x.float() / 255  # no stored statistics: those of the analysed images themselves
-        mean, std = x01.mean((0, 2, 3)).tolist(), x01.std((0, 2, 3)).clamp(min=1e-6).tolist()
+        x, y, names, mean, std = x[idx], y[idx], data.get("classes"), data["mean"], data["std"]
     elif cfg.get("dataset") == "imagefolder":  # ImageNet-style folders: decode only the subset
         from train_vit import IMAGENET_MEAN, IMAGENET_STD, imagefolder_datasets
         _, val = imagefolder_datasets(cfg["data_dir"], ckpt["model_config"]["img_size"])
