@@ -40,10 +40,11 @@ from nanolap import UsageError, load_checkpoint, load_model, parse_args, run_mai
 # -----------------------------------------------------------------------------
 # default settings: override with --key=value, or a config file of `key = value` lines
 
+_before = set(globals())
 out = ""  # output directory; "" = RUN/analysis for one run, COMMON_PARENT/analysis for several
 max_samples = 1000  # images or text windows per run: a fixed random subset of the validation split
 batch_size = 64  # sequences per forward pass
-layer = -1  # tokens for PCA, spectrum, ANOVA summary and DINO maps: -1 = final norm, k = after block k
+layer = -1  # tokens of the PCA, spectrum, ANOVA, GPT next-token stats, DINO maps: -1 = final norm, k = block k
 tokens = "patch"  # ViT/DINO tokens in sequence statistics: 'patch' (patch tokens only) or 'all' (with CLS)
 seq_len = 0  # GPT window length; 0 = the run's block_size
 n_targets = 20  # GPT: the most frequent next-token targets serve as classes
@@ -52,7 +53,7 @@ pca_images = 32  # ViT: images whose tokens are drawn in the PCA scatter
 map_images = 8  # DINO: images shown next to their PCA feature maps
 device = "auto"  # 'auto' = cuda if available, else cpu
 seed = 0  # which random subset of the validation split is analysed
-DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str, list))}
+DEFAULTS = {k: v for k, v in globals().items() if k not in _before and k != "_before"}
 
 ALPHAS = (0.9, 0.99)  # k_alpha thresholds (the paper reports alpha = 0.99)
 FINAL_METRIC = {"vit": ("val_acc", "higher"), "gpt": ("val_loss", "lower"), "dino": ("knn_acc", "higher")}
@@ -406,13 +407,9 @@ class Progress:
             print(f"{self.name}: {done}/{self.total} sequences, {now - self.t0:.1f}s", flush=True)
 
 
-def pick_layer(hs, layer, n_layer):
+def pick_layer(hs, layer):
     """hs = [after block 1, ..., after block L, final norm]; layer -1 is the final norm, k in 1..L block k."""
-    if layer == -1:
-        return hs[-1]
-    if not 1 <= layer <= n_layer:
-        raise UsageError(f"--layer={layer}: use -1 (final norm) or a block number from 1 to {n_layer}")
-    return hs[layer - 1]
+    return hs[-1] if layer == -1 else hs[layer - 1]
 
 
 @torch.no_grad()
@@ -432,7 +429,7 @@ def image_pass(model, kind, x, y, num_classes, mean, std, opt, dev, name):
         for l, h in enumerate(hs):
             layer_anova[l].update(sel(h), yb)
             layer_cos[l].update(seq_cosine(sel(h)))
-        h = pick_layer(hs, opt["layer"], L)
+        h = pick_layer(hs, opt["layer"])
         spec.update(sel(h))
         if cls_head:
             pooled.append(model.pool(hs[-1]).double().cpu())
@@ -446,7 +443,7 @@ def image_pass(model, kind, x, y, num_classes, mean, std, opt, dev, name):
     res = {"layerwise": {"layer": [str(l) for l in range(1, L + 1)] + ["norm"],
                          "within_seq_frac": [a["within_seq_frac"] for a in layers],
                          "cosine": [c.result() for c in layer_cos], "anova": layers},
-           "anova": layers[L if opt["layer"] == -1 else opt["layer"] - 1], "spectrum": spec.result()}
+           "anova": pick_layer(layers, opt["layer"]), "spectrum": spec.result()}
     extra = {"kept": torch.cat(kept), "shown": torch.cat(shown)}
     if cls_head:
         extra.update(pooled=torch.cat(pooled), seq_means=torch.cat(seq_means))
@@ -474,7 +471,7 @@ def gpt_pass(model, windows, opt, dev, name):
         for l, h in enumerate(hs):
             layer_anova[l].update(h, zeros)
             layer_cos[l].update(seq_cosine(h))
-        h = pick_layer(hs, opt["layer"], L)
+        h = pick_layer(hs, opt["layer"])
         spec.update(h)
         c = cls_of[tgt.reshape(-1)]
         cls.update(h.reshape(-1, h.shape[-1])[c.to(dev) >= 0], c[c >= 0])
@@ -561,28 +558,29 @@ def fig_spectrum(spec, title, path):
     return _save(fig, path)
 
 
-def fig_pca(kept, labels, names, title, path):
+def fig_pca(kept, labels, names, where, title, path):
     plt = _plt()
     n, T, d = kept.shape
     xy, ratio = pca_2d(kept.reshape(-1, d))
     lab = labels[:n].repeat_interleave(T)
+    classes, counts = lab.unique(return_counts=True)
+    shown = classes[counts.argsort(descending=True)[:10]].sort().values.tolist()  # ten colours stay readable
     fig, ax = plt.subplots(figsize=(6.2, 4.4))
-    for c in lab.unique().tolist():
+    for k, c in enumerate(shown):
         m = lab == c
-        ax.scatter(xy[m, 0], xy[m, 1], s=4, alpha=0.6, color=plt.cm.tab10(c % 10),
-                   label=names[c] if names else str(c))
-    ax.set(xlabel=f"PC1 ({ratio[0]:.0%})", ylabel=f"PC2 ({ratio[1]:.0%})", title=title)
+        ax.scatter(xy[m, 0], xy[m, 1], s=4, alpha=0.6, color=plt.cm.tab10(k), label=names[c] if names else str(c))
+    note = f", {len(shown)} of {len(classes)} classes shown" if len(shown) < len(classes) else ""
+    ax.set(xlabel=f"PC1 ({ratio[0]:.0%})", ylabel=f"PC2 ({ratio[1]:.0%})",
+           title=f"{title}\ntokens ({where}) of {n} images{note}")
     ax.legend(fontsize=7, markerscale=3, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
 
 
-def fig_etf(panels, W3, names, classes, title, path):
-    """panels: [(subtitle, features (n, d), labels (n,))], features of the three chosen classes."""
+def fig_etf(panels, names, classes, title, path):
+    """panels: [(subtitle, projected features (n, 2), labels (n,))] of the three chosen classes."""
     plt = _plt()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.2))
-    for ax, (sub, x, y) in zip(list(axes) if len(panels) > 1 else [axes], panels):
-        center = torch.stack([x[y == c].mean(0) for c in classes]).mean(0)
-        xy = etf_projection(W3, x, center)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.2), squeeze=False)
+    for ax, (sub, xy, y) in zip(axes[0], panels):
         radius = torch.stack([xy[y == c].mean(0) for c in classes]).norm(dim=1).mean().item()
         tri = TRIANGLE.T * radius
         ax.fill(tri[:, 0], tri[:, 1], fill=False, ls="--", color="gray", lw=1)
@@ -593,6 +591,18 @@ def fig_etf(panels, W3, names, classes, title, path):
         ax.set_title(sub, fontsize=9)
         ax.legend(fontsize=7, markerscale=3)
     fig.suptitle(title + "\n(triangle: classifier directions, vertices scaled to the mean class radius)", fontsize=9)
+    return _save(fig, path)
+
+
+def fig_lm_anova(res, title, path):
+    plt = _plt()
+    a = res["anova"]
+    fig, ax = plt.subplots(figsize=(4.2, 3.4))
+    ax.bar(["within class", "between class"], [a["within_class_frac"] or 0, a["between_class_frac"] or 0],
+           color=["#dd8452", "#55a868"])
+    ax.set(ylabel="fraction of total variance", ylim=(0, 1),
+           title=f"next-token classes: top {a['n_classes']} targets\nNC1 = {res['nc']['nc1']:.3g}")
+    fig.suptitle(title, fontsize=9)
     return _save(fig, path)
 
 
@@ -652,13 +662,16 @@ def analyze_run(run, opt, out_dir, dev):
                          f"(checkpoints written by train_vit.py, train_gpt.py or train_dino.py)")
     cfg = ckpt.get("config", {})
     model = load_model(ckpt).to(dev).eval()
+    if opt["layer"] != -1 and not 1 <= opt["layer"] <= model.config.n_layer:
+        raise UsageError(f"--layer={opt['layer']}: use -1 (final norm) or a block number from 1 to "
+                         f"{model.config.n_layer}")
     run_dir = os.path.dirname(path)
     name = os.path.basename(os.path.normpath(run_dir)) or run_dir
     n_lap = model.config.n_lap
     x_lap, label = lap_label(n_lap)
     res = {"run": run_dir, "kind": kind, "n_lap": n_lap, "n_lap_mean": x_lap, "n_lap_label": label,
            "n_head": model.config.n_head, "seed": cfg.get("seed"), "step": ckpt.get("step"),
-           "final_metric": final_metric(run_dir, kind)}
+           "final_metric": final_metric(run_dir, kind), "train_config": cfg}
     title = f"{name} ({kind}, n_lap={label})"
     os.makedirs(out_dir, exist_ok=True)
     figs = []
@@ -690,7 +703,8 @@ def analyze_run(run, opt, out_dir, dev):
         figs.append(fig_anova_layers(res, title, os.path.join(out_dir, "anova.png")))
         figs.append(fig_spectrum(res["spectrum"], title, os.path.join(out_dir, "spectrum.png")))
         if kind == "vit":
-            figs.append(fig_pca(extra["kept"], y, names, title, os.path.join(out_dir, "pca.png")))
+            where = "final norm" if opt["layer"] == -1 else f"after block {opt['layer']}"
+            figs.append(fig_pca(extra["kept"], y, names, where, title, os.path.join(out_dir, "pca.png")))
             res["settings"]["pca_images"] = len(extra["kept"])
             if "pooled" in extra:
                 figs += classifier_analyses(model, extra, y, names, opt, res, title, out_dir)
@@ -698,7 +712,7 @@ def analyze_run(run, opt, out_dir, dev):
             grid = (x.shape[-2] // model.config.patch_size, x.shape[-1] // model.config.patch_size)
             figs.append(fig_pca_maps(extra["kept"], extra["shown"], grid, title, os.path.join(out_dir, "pca_maps.png")))
             res["settings"]["map_images"] = len(extra["kept"])
-    res["figures"] = figs
+    res["figures"], res["out_dir"] = figs, out_dir
     write_json(res, os.path.join(out_dir, "analysis.json"))
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(run_summary(res))
@@ -712,37 +726,21 @@ def classifier_analyses(model, extra, y, names, opt, res, title, out_dir):
     b = None if b is None else b.detach().double().cpu()
     pooling = "CLS token" if model.config.pooling == "cls" else "mean of patch tokens"
     res["nc"] = {"pooled": dict(neural_collapse(extra["pooled"], y, W, b), features=f"pooled ({pooling}), final norm"),
-                 "seq_mean": dict(neural_collapse(extra["seq_means"], y, W, b),
-                                  features=f"mean of the {res['settings']['tokens']}, final norm")}
-    classes = list(opt["etf_classes"])
-    present = set(y.tolist())
-    if len(set(classes)) != 3 or not all(isinstance(c, int) and c in present for c in classes):
-        raise UsageError(f"--etf_classes={classes}: give three different classes present in the evaluation data "
-                         f"(0 to {W.shape[0] - 1})")
-    m = torch.isin(y, torch.tensor(classes))
-    W3 = W[classes]
-    panels = [(f"pooled features ({pooling})", extra["pooled"][m], y[m]),
-              ("token means", extra["seq_means"][m], y[m])]
-    out = {}
-    for key, (_, x, yy) in zip(("pooled", "seq_mean"), panels):
-        center = torch.stack([x[yy == c].mean(0) for c in classes]).mean(0)
-        xy = etf_projection(W3, x, center)
-        out[key] = {"class_means_2d": [xy[yy == c].mean(0).tolist() for c in classes]}
-    out["classes"], out["classifier_rows_2d"] = classes, etf_projection(W3, W3, W3.mean(0)).tolist()
-    res["etf"] = out
-    return [fig_etf(panels, W3, names, classes, title, os.path.join(out_dir, "etf.png"))]
-
-
-def fig_lm_anova(res, title, path):
-    plt = _plt()
-    a = res["anova"]
-    fig, ax = plt.subplots(figsize=(4.2, 3.4))
-    ax.bar(["within class", "between class"], [a["within_class_frac"] or 0, a["between_class_frac"] or 0],
-           color=["#dd8452", "#55a868"])
-    ax.set(ylabel="fraction of total variance", ylim=(0, 1),
-           title=f"next-token classes: top {a['n_classes']} targets\nNC1 = {res['nc']['nc1']:.3g}")
-    fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+                 "seq_means": dict(neural_collapse(extra["seq_means"], y, W, b),
+                                   features=f"mean of the {res['settings']['tokens']}, final norm")}
+    classes = opt["etf_classes"]
+    if not set(classes) <= set(y.tolist()):
+        raise UsageError(f"--etf_classes={classes}: not every class occurs among the {len(y)} analysed images; "
+                         f"choose others or raise --max_samples")
+    W3, m = W[classes], torch.isin(y, torch.tensor(classes))
+    res["etf"] = {"classes": classes, "classifier_rows_2d": etf_projection(W3, W3, W3.mean(0)).tolist()}
+    panels = []
+    for key, sub in (("pooled", f"pooled features ({pooling})"), ("seq_means", "token means")):
+        x, yy = extra[key][m], y[m]
+        xy = etf_projection(W3, x, torch.stack([x[yy == c].mean(0) for c in classes]).mean(0))
+        res["etf"][key] = {"class_means_2d": [xy[yy == c].mean(0).tolist() for c in classes]}
+        panels.append((sub, xy, yy))
+    return [fig_etf(panels, names, classes, title, os.path.join(out_dir, "etf.png"))]
 
 
 def _clean(obj):
@@ -893,11 +891,15 @@ def compare(results, out_dir, kind):
     return {"kind": kind, "metric": metric, "groups": table, "figures": figs}
 
 
-def differing_settings(results_cfgs):
-    """Config keys other than n_lap, seed and paths whose values differ between the compared runs."""
-    ignore = {"n_lap", "seed", "out_dir", "resume", "data_dir", "wandb_run_name"}
-    keys = set().union(*(c.keys() for c in results_cfgs)) - ignore
-    return sorted(k for k in keys if len({repr(c.get(k)) for c in results_cfgs}) > 1)
+# settings that do not change what a run learns (paths, logging, hardware), ignored when comparing runs
+OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "num_workers", "log_interval",
+               "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from"}
+
+
+def differing_settings(configs):
+    """Training settings, other than n_lap and seed, that all the compared runs record but set differently."""
+    keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
+    return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
 
 # -----------------------------------------------------------------------------
 # main
@@ -912,6 +914,9 @@ def main(argv=None):
                          "python analyze.py out/vit [out/vit-k4 ...] [--key=value ...]")
     if opt["tokens"] not in ("patch", "all"):
         raise UsageError(f"--tokens={opt['tokens']!r}: use 'patch' (patch tokens only) or 'all' (with the CLS token)")
+    classes = opt["etf_classes"]
+    if len(classes) != 3 or len(set(classes)) != 3 or not all(isinstance(c, int) and c >= 0 for c in classes):
+        raise UsageError(f"--etf_classes={classes}: give three different class indices, e.g. --etf_classes=[0,1,2]")
     for key in ("max_samples", "batch_size", "n_targets"):
         if opt[key] < 1:
             raise UsageError(f"--{key}={opt[key]}: must be at least 1")
@@ -923,7 +928,7 @@ def main(argv=None):
                     else "out-analysis")
     print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in opt.items()) + f" device={dev!r}", flush=True)
 
-    results, cfgs, used = [], [], set()
+    results, used = [], set()
     for run in runs:
         sub = out_root
         if len(runs) > 1:  # one folder per run under the comparison folder
@@ -933,12 +938,10 @@ def main(argv=None):
                 n, sub = n + 1, f"{base}-{n + 1}"
             used.add(sub)
             sub = os.path.join(out_root, sub)
-        res = analyze_run(run, opt, sub, dev)
-        results.append(res)
-        cfgs.append(load_checkpoint(run if run.endswith(".pt") else os.path.join(run, "ckpt.pt")).get("config", {}))
+        results.append(analyze_run(run, opt, sub, dev))
     if len(runs) == 1:
         r = results[0]
-        within_seq = r["layerwise"]["within_seq_frac"][-1 if opt["layer"] == -1 else opt["layer"] - 1]
+        within_seq = pick_layer(r["layerwise"]["within_seq_frac"], opt["layer"])
         nc1 = r["nc"]["nc1"] if r["kind"] == "gpt" else r.get("nc", {}).get("pooled", {}).get("nc1")
         print(f"RESULT kind={r['kind']} n_lap={r['n_lap_label'].replace(' ', '')} "
               f"within_seq_frac={_fmt(within_seq, '.4f')} "
@@ -953,7 +956,7 @@ def main(argv=None):
             print(f"only one {kind} run: no {kind} comparison")
             continue
         c = compare(group, out_root, kind)
-        c["differing_settings"] = differing_settings([cf for cf, r in zip(cfgs, results) if r["kind"] == kind])
+        c["differing_settings"] = differing_settings([r["train_config"] for r in group])
         if c["differing_settings"]:
             print(f"note: the {kind} runs also differ in {', '.join(c['differing_settings'])}; "
                   f"the comparison groups them by n_lap only")
@@ -980,7 +983,8 @@ def compare_summary(comparisons, results):
             lines.append(f"| {g['n_lap']} | {len(g['runs'])} | {ms(g[c['metric']])} | "
                          + " | ".join(ms(g[k]) for k in keys) + f" | {ms(g['k_0.9'])} | {ms(g['k_0.99'])} |")
         lines += ["", "Figures: " + ", ".join(c["figures"]), ""]
-    lines += ["Per-run analyses: " + ", ".join(r["run"] for r in results), ""]
+    lines += ["Per-run analyses (analysis.json, summary.md, figures): "
+              + ", ".join(f"{os.path.basename(r['out_dir'])}/" for r in results), ""]
     return "\n".join(lines)
 
 

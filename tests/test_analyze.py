@@ -275,7 +275,7 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys):
     lw = res["layerwise"]
     assert len(lw["within_seq_frac"]) == len(lw["cosine"]) == len(lw["anova"]) == 3  # 2 blocks + final norm
     assert res["anova"] == lw["anova"][-1]
-    for feats in ("pooled", "seq_mean"):
+    for feats in ("pooled", "seq_means"):
         nc = res["nc"][feats]
         assert nc["n_samples"] == 50 and nc["n_classes"] == 10
         assert all(nc[k] is not None and nc[k] >= 0 for k in ("nc1", "nc2_equinorm", "nc3", "nc4"))
@@ -359,6 +359,9 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys):
         assert sum(g[k]["mean"] for k in FRACS) == pytest.approx(1.0)
     assert "RESULT runs=4 comparisons=vit" in capsys.readouterr().out
     assert "| 0 | 2 | 0.605 +- 0.0071 |" in (out / "summary.md").read_text()
+    # settings that differ besides n_lap and seed are reported; paths, seeds and keys not all runs record are not
+    configs = [dict(lr=1e-3, seed=0, out_dir="a", epochs=5), dict(lr=2e-3, seed=1, out_dir="b", epochs=5, extra=1)]
+    assert analyze.differing_settings(configs) == ["lr"]
 
 
 def test_bad_input(tmp_path, fashion_dir):
@@ -371,8 +374,10 @@ def test_bad_input(tmp_path, fashion_dir):
         analyze.main([run, "--colour=red"])
     with pytest.raises(UsageError, match="layer"):
         analyze.main([run, "--layer=7", "--max_samples=4"])
-    with pytest.raises(UsageError, match="etf_classes"):
-        analyze.main([run, "--etf_classes=[1,1,2]", "--max_samples=20"])
+    with pytest.raises(UsageError, match="three different class"):
+        analyze.main([run, "--etf_classes=[1,1,2]"])
+    with pytest.raises(UsageError, match="not every class occurs"):
+        analyze.main([run, "--etf_classes=[1,2,12]", "--max_samples=20"])
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         analyze.main([str(tmp_path / "empty")])
