@@ -203,6 +203,9 @@ def nc_metrics(means, sigma_w, W=None):
     and optionally the classifier rows W (C, d) of the same classes. All tend to 0 under Neural Collapse.
     NC2 uses the unbiased std, as Papyan's reference code does."""
     C = means.shape[0]
+    if C < 2:
+        raise UsageError(f"Neural Collapse metrics need at least two classes, the analysed samples have {C}; "
+                         f"raise --max_samples (GPT: --n_targets)")
     M = means.double() - means.double().mean(0)  # (C, d): centred by the mean of class means
     # NC1 = Tr(Sigma_W Sigma_B^+) / C with Sigma_B = M^T M / C = U diag(s^2 / C) U^T on its range
     U, s, _ = torch.linalg.svd(M.T, full_matrices=False)
@@ -907,6 +910,9 @@ def differing_settings(configs):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    for a in argv:
+        if not a.startswith("--") and not os.path.exists(a):
+            raise UsageError(f"{a}: no such run directory, checkpoint or config file")
     runs = [a for a in argv if not a.startswith("--") and (os.path.isdir(a) or a.endswith(".pt"))]
     opt = parse_args(DEFAULTS, [a for a in argv if a not in runs])
     if not runs:
@@ -917,16 +923,16 @@ def main(argv=None):
     classes = opt["etf_classes"]
     if len(classes) != 3 or len(set(classes)) != 3 or not all(isinstance(c, int) and c >= 0 for c in classes):
         raise UsageError(f"--etf_classes={classes}: give three different class indices, e.g. --etf_classes=[0,1,2]")
-    for key in ("max_samples", "batch_size", "n_targets"):
-        if opt[key] < 1:
-            raise UsageError(f"--{key}={opt[key]}: must be at least 1")
+    for key, least in (("max_samples", 1), ("batch_size", 1), ("n_targets", 2)):
+        if opt[key] < least:
+            raise UsageError(f"--{key}={opt[key]}: must be at least {least}")
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if opt["device"] == "auto" else opt["device"]
     out_root = opt["out"]
     if not out_root:
         parent = os.path.commonpath([os.path.abspath(os.path.dirname(r) if r.endswith(".pt") else r) for r in runs])
         out_root = (os.path.join(parent, "analysis") if len(runs) == 1 or parent != os.getcwd()
                     else "out-analysis")
-    print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in opt.items()) + f" device={dev!r}", flush=True)
+    print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in {**opt, "device": dev}.items()), flush=True)
 
     results, used = [], set()
     for run in runs:

@@ -378,6 +378,12 @@ def test_bad_input(tmp_path, fashion_dir):
         analyze.main([run, "--etf_classes=[1,1,2]"])
     with pytest.raises(UsageError, match="not every class occurs"):
         analyze.main([run, "--etf_classes=[1,2,12]", "--max_samples=20"])
+    with pytest.raises(UsageError, match="at least two classes"):
+        analyze.neural_collapse(torch.randn(5, 3), torch.zeros(5, dtype=torch.long))
+    with pytest.raises(UsageError, match="n_targets"):
+        analyze.main([run, "--n_targets=1"])
+    with pytest.raises(UsageError, match="no such run directory"):
+        analyze.main([str(tmp_path / "typo")])
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         analyze.main([str(tmp_path / "empty")])
