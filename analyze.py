@@ -410,6 +410,10 @@ class Progress:
             print(f"{self.name}: {done}/{self.total} sequences, {now - self.t0:.1f}s", flush=True)
 
 
+def layer_name(layer):
+    return "final norm" if layer == -1 else f"after block {layer}"
+
+
 def pick_layer(hs, layer):
     """hs = [after block 1, ..., after block L, final norm]; layer -1 is the final norm, k in 1..L block k."""
     return hs[-1] if layer == -1 else hs[layer - 1]
@@ -706,8 +710,8 @@ def analyze_run(run, opt, out_dir, dev):
         figs.append(fig_anova_layers(res, title, os.path.join(out_dir, "anova.png")))
         figs.append(fig_spectrum(res["spectrum"], title, os.path.join(out_dir, "spectrum.png")))
         if kind == "vit":
-            where = "final norm" if opt["layer"] == -1 else f"after block {opt['layer']}"
-            figs.append(fig_pca(extra["kept"], y, names, where, title, os.path.join(out_dir, "pca.png")))
+            figs.append(fig_pca(extra["kept"], y, names, layer_name(opt["layer"]), title,
+                                os.path.join(out_dir, "pca.png")))
             res["settings"]["pca_images"] = len(extra["kept"])
             if "pooled" in extra:
                 figs += classifier_analyses(model, extra, y, names, opt, res, title, out_dir)
@@ -802,6 +806,13 @@ def _mean_std(values):
     return v.mean().item(), (v.std().item() if len(v) > 1 else 0.0), len(v)
 
 
+def _mean_curve(curves):
+    """Mean of several runs' curves (lists); runs of different sizes are cut to the shortest."""
+    n = min(len(c) for c in curves)
+    return torch.tensor([[v if v is not None else float("nan") for v in c[:n]] for c in curves],
+                        dtype=torch.float64).mean(0)
+
+
 def compare(results, out_dir, kind):
     """Group runs of one kind by n_lap (seeds pooled), write comparison figures and numbers."""
     plt = _plt()
@@ -842,7 +853,7 @@ def compare(results, out_dir, kind):
     figs.append(_save(fig, os.path.join(out_dir, p + "metric.png")))
 
     # ANOVA stacked bars vs n_lap
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig, ax = plt.subplots(figsize=(6.2, 3.6))
     bottom = [0.0] * len(order)
     for key, c in zip(part_keys, ("#4c72b0", "#dd8452", "#55a868")[-len(part_keys):]):
         vals = [row[key]["mean"] or 0.0 for row in table]
@@ -850,7 +861,8 @@ def compare(results, out_dir, kind):
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(order)), order, rotation=30 if any(" " in k for k in order) else 0)
     ax.set(xlabel="Laplacian heads per layer", ylabel="fraction of total variance", ylim=(0, 1),
-           title=f"{kind}: ANOVA of last-layer tokens" + (" (next-token classes)" if kind == "gpt" else ""))
+           title=f"{kind}: ANOVA, {layer_name(results[0]['settings']['layer'])}"
+           + (", next-token classes" if kind == "gpt" else ""))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figs.append(_save(fig, os.path.join(out_dir, p + "anova.png")))
 
@@ -869,7 +881,7 @@ def compare(results, out_dir, kind):
     # spectra overlaid (mean over seeds)
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for k in order:
-        lam = torch.tensor([r["spectrum"]["lambda_mean"] for r in groups[k]]).mean(0)
+        lam = _mean_curve([r["spectrum"]["lambda_mean"] for r in groups[k]])
         lam = lam[lam > lam[0] * 1e-12]
         ax.plot(range(1, len(lam) + 1), lam, color=color[k], label=f"n_lap={k}")
     ax.set(xscale="log", yscale="log", xlabel="j", ylabel="mean $\\lambda_j$", title=f"{kind}: spectra")
@@ -881,9 +893,9 @@ def compare(results, out_dir, kind):
     for k in order:
         g = groups[k]
         for a, key in zip(ax, ("within_seq_frac", "cosine")):
-            vals = torch.tensor([r["layerwise"][key] for r in g], dtype=torch.float64).mean(0)
+            vals = _mean_curve([r["layerwise"][key] for r in g])
             a.plot(range(len(vals)), vals, "o-", ms=3, color=color[k], label=f"n_lap={k}")
-    labels = results[0]["layerwise"]["layer"]
+    labels = max((r["layerwise"]["layer"] for r in results), key=len)
     for a, yl in zip(ax, ("WithinSeqVar / TotalVar", "mean pairwise cosine")):
         a.set_xticks(range(len(labels)), labels)
         a.set(xlabel="after block", ylabel=yl)
