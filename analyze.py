@@ -791,7 +791,8 @@ def run_summary(res):
                  nc2_equiangular="NC2 equiangularity of class means", nc2_equiangular_w="NC2 equiangularity of W",
                  nc3="NC3 self-duality", nc4="NC4 classifier vs nearest class mean")
     for key, nc in ({"next-token classes": res["nc"]} if res["kind"] == "gpt" else res.get("nc", {})).items():
-        lines += [f"| {label} ({key}) | {nc[m]:.4g} |" for m, label in names.items() if m in nc]
+        lines += [f"| {label} ({key}) | {nc[m]:.4g} |" for m, label in names.items()
+                  if m in nc and not (m.endswith("_w") and key == "seq_means")]  # W's own metrics once
     lines += ["", "Figures: " + ", ".join(res["figures"]), ""]
     return "\n".join(lines)
 
