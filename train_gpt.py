@@ -56,8 +56,8 @@ DEFAULTS = dict(
     # data
     dataset="shakespeare_char",  # data/<dataset>/{train,val}.bin, made by data/<dataset>/prepare.py
     data_dir="data",
-    block_size=256,  # context length in tokens (also the model's)
-    batch_size=32,  # sequences per forward/backward, per process
+    block_size=128,  # context length in tokens (also the model's)
+    batch_size=16,  # sequences per forward/backward, per process
     total_batch_size=0,  # tokens per optimiser step over all processes (gradient accumulation); 0 = one batch each
     # model: a nanolap preset; None keeps the preset's value
     model="gpt-tiny",  # gpt-tiny, gpt-small, gpt-d20 (the paper's 561M model)
@@ -122,6 +122,18 @@ def load_tokens(data_dir, dataset, split):
     return np.memmap(_prepared(data_dir, dataset, f"{split}.bin"), dtype=np.uint16, mode="r")
 
 
+def tiktoken_encoding(name="gpt2"):
+    """A tiktoken Encoding by name; tiktoken downloads its vocabulary on first use, then caches it."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:
+        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise UsageError(f"tiktoken could not load the {name!r} vocabulary ({reason}). tiktoken downloads it from "
+                         f"openaipublic.blob.core.windows.net on first use and caches it (TIKTOKEN_CACHE_DIR): "
+                         f"connect to the internet once, or use the character-level data/shakespeare_char") from None
+
+
 def token_byte_lengths(enc):
     """UTF-8 bytes of every token id of a tiktoken Encoding; 0 for special tokens and unused ids."""
     special = {enc.encode_single_token(t) for t in enc.special_tokens_set}
@@ -157,12 +169,7 @@ class Tokenizer:
     @property
     def enc(self):
         if self._enc is None:
-            import tiktoken
-            try:
-                self._enc = tiktoken.get_encoding(self.encoding_name)
-            except Exception as e:
-                raise UsageError(f"tiktoken could not load the {self.encoding_name!r} vocabulary ({type(e).__name__}); "
-                                 f"it is downloaded once on first use: connect to the internet once") from None
+            self._enc = tiktoken_encoding(self.encoding_name)
         return self._enc
 
     def encode(self, text):
@@ -298,7 +305,7 @@ def get_lr_multiplier(step, config):
     warmup, warmdown = config["warmup_iters"], round(config["warmdown_frac"] * n)
     if step < warmup:
         return (step + 1) / warmup
-    if step <= n - warmdown:
+    if warmdown == 0 or step <= n - warmdown:
         return 1.0
     progress = max(n - step, 0) / warmdown  # 1 -> 0 across the warm-down
     return progress + (1 - progress) * config["final_lr_frac"]
@@ -527,7 +534,7 @@ def main(argv=None):
                 group["lr"] = group["initial_lr"] * lr_mult
                 if isinstance(opt, Muon):
                     group["momentum"] = get_muon_momentum(step)
-        loss_step = 0.0
+        loss_step = torch.zeros((), device=device)
         for micro in range(grad_accum):
             x, y = get_batch(train_tokens, config["seed"], step, micro * world_size + rank, B, T, device)
             sync = micro == grad_accum - 1 or world_size == 1  # DDP all-reduces the gradients once per step
@@ -535,7 +542,8 @@ def main(argv=None):
                 with autocast:
                     _, loss = model(x, y)
                 (loss / grad_accum).backward()
-            loss_step += loss.item() / grad_accum
+            loss_step += loss.detach() / grad_accum
+        loss_step = loss_step.item()  # one synchronisation per step, for the non-finite guard
         grad_norm = float(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), config["grad_clip"] or math.inf))
         check_finite(loss_step, step)
         if not math.isfinite(grad_norm):  # the norm is global: every process stops at the same step
@@ -563,7 +571,8 @@ def main(argv=None):
 
     # ---- the end: a sample and the RESULT line
     result = dict(val_loss=metrics["val_loss"], val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"],
-                  best_val_loss=best_val_loss, step=step, params=raw_model.num_params(), time_s=time.time() - t0)
+                  best_val_loss=best_val_loss, step=step, params=raw_model.num_params(),
+                  time_s=time_before + time.time() - t0)
     if master and config["num_samples"] and config["max_new_tokens"]:
         print0("-" * 80)
         try:

