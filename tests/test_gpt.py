@@ -343,3 +343,15 @@ def test_sample_from_checkpoint(trained, capsys):
                             "--num_samples=2", "--device=cpu"])
     assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) == 36 for t in texts)
     assert "sampling from" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
+    args = [a for a in TINY if not a.startswith("--device")] + [f"--data_dir={data_dir}", "--dataset=tiny",
+                                                                 f"--out_dir={tmp_path}", "--eval_interval=3"]
+    first = train_gpt.main(args + ["--max_iters=3"])
+    resumed = train_gpt.main(args + ["--max_iters=6", "--resume"])
+    out = capsys.readouterr().out
+    assert "cuda" in out and "bfloat16 autocast" in out and "tok/s" in out
+    assert math.isfinite(first["val_loss"]) and resumed["val_loss"] < first["val_loss"] + 0.5
+    assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6
