@@ -1,0 +1,315 @@
+"""Tests for train_dino.py and data/scenes/prepare.py (CPU, ~1 minute). Run: python -m pytest -q tests/test_dino.py"""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torchvision.transforms.v2 import functional as TF
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+import train_dino as td  # noqa: E402
+from nanolap import DINOHead, ViT, load_checkpoint, make_config  # noqa: E402
+
+spec = importlib.util.spec_from_file_location("scenes_prepare", os.path.join(ROOT, "data", "scenes", "prepare.py"))
+scenes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(scenes)
+
+# a tiny run: 256 images, 4 steps per epoch, seconds on a CPU
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--n_lap=1", "--out_dim=64", "--head_hidden=32",
+        "--head_bottleneck=16", "--train_limit=256", "--batch_size=64", "--local_crops=2", "--eval_train=256",
+        "--eval_val=128", "--probe_steps=20", "--seg_dataset=none", "--log_interval=1", "--eval_interval=100"]
+
+
+def run_script(*args, timeout=120):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train_dino.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def losses(stdout):
+    """{step: loss} from the progress lines (log_interval=1)."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("step "):
+            out[int(line.split()[1].split("/")[0])] = float(line.split("| loss ")[1].split()[0])
+    return out
+
+# ---- the DINO objective
+
+
+def test_dino_loss_and_centering_by_hand():
+    t_out = torch.tensor([[1.0, 0.0, -1.0], [0.5, 0.2, 0.1]])  # 2 global views of one image
+    s_out = torch.tensor([[0.3, -0.2, 0.1], [0.0, 0.4, -0.4], [0.2, 0.2, -0.1]])  # 2 global + 1 local
+    center = torch.tensor([[0.1, -0.1, 0.0]])
+    s_temp, t_temp = 0.1, 0.5
+
+    def softmax(v, temp):
+        e = [math.exp(a / temp) for a in v]
+        return [a / sum(e) for a in e]
+
+    q = [softmax([a - c for a, c in zip(t, center[0].tolist())], t_temp) for t in t_out.tolist()]
+    p = [softmax(s, s_temp) for s in s_out.tolist()]
+    pairs = [(0, 1), (0, 2), (1, 0), (1, 2)]  # (teacher view, student view), never the same view
+    expected = sum(-sum(qi * math.log(pi) for qi, pi in zip(q[t], p[s])) for t, s in pairs) / len(pairs)
+    loss = td.dino_loss(s_out, t_out, center, s_temp, t_temp)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+    new_center = td.update_center(center, t_out, 0.9)
+    expected_center = [0.9 * c + 0.1 * (a + b) / 2 for c, a, b in zip(center[0].tolist(), *t_out.tolist())]
+    assert new_center[0].tolist() == pytest.approx(expected_center, rel=1e-6)
+
+
+def test_dino_loss_batches_and_views():
+    """With B images, view v of image i is row v*B + i; the loss is a mean over images."""
+    torch.manual_seed(0)
+    B, K = 3, 5
+    s_out, t_out, center = torch.randn(4 * B, K), torch.randn(2 * B, K), torch.randn(1, K)
+    per_image = [td.dino_loss(s_out[i::B], t_out[i::B], center, 0.1, 0.04) for i in range(B)]
+    assert td.dino_loss(s_out, t_out, center, 0.1, 0.04).item() == pytest.approx(sum(per_image).item() / B, rel=1e-5)
+
+
+def test_ema_update_is_exact():
+    make = lambda: td.DINO(ViT(make_config("vit-tiny", n_layer=1, n_embd=16, n_head=2, num_classes=0)),
+                           DINOHead(16, 32, 16, 8))
+    teacher, student = make(), make()
+    with torch.no_grad():  # dyadic values: m * t + (1 - m) * s is exact in float32
+        for i, (t, s) in enumerate(zip(teacher.parameters(), student.parameters())):
+            t.copy_(torch.randint(-64, 64, t.shape) / 8.0)
+            s.copy_(torch.randint(-64, 64, s.shape) / 8.0)
+    before = [t.clone() for t in teacher.parameters()]
+    student_before = [s.clone() for s in student.parameters()]
+    td.ema_update(teacher, student, 0.75)
+    for t, t0, s in zip(teacher.parameters(), before, student.parameters()):
+        assert torch.equal(t, 0.75 * t0 + 0.25 * s)
+    assert all(torch.equal(s, s0) for s, s0 in zip(student.parameters(), student_before))  # student untouched
+    td.ema_update(teacher, student, 1.0)  # momentum 1: the teacher is frozen
+    assert all(torch.equal(t, 0.75 * t0 + 0.25 * s) for t, t0, s in zip(teacher.parameters(), before, student.parameters()))
+    td.ema_update(teacher, student, 0.0)  # momentum 0: the teacher becomes the student
+    assert all(torch.equal(t, s) for t, s in zip(teacher.parameters(), student.parameters()))
+
+
+def test_schedules():
+    # linear warm-up from 0, then a half cosine: DINO's cosine_scheduler
+    assert td.cosine_schedule(0, 100, 1.0, 0.0, warmup=10) == 0.0
+    assert td.cosine_schedule(5, 100, 1.0, 0.0, warmup=10) == pytest.approx(0.5)
+    assert td.cosine_schedule(10, 100, 1.0, 0.0, warmup=10) == pytest.approx(1.0)
+    assert td.cosine_schedule(55, 100, 1.0, 0.0, warmup=10) == pytest.approx(0.5)
+    assert td.cosine_schedule(100, 100, 0.04, 0.4) == pytest.approx(0.4)  # weight decay rises 0.04 -> 0.4
+    assert td.cosine_schedule(0, 100, 0.996, 1.0) == pytest.approx(0.996)  # teacher momentum -> 1
+
+
+def test_frozen_last_layer_gets_no_update_in_epoch_0():
+    torch.manual_seed(0)
+    student = td.DINO(ViT(make_config("vit-tiny", n_layer=1, n_embd=16, n_head=2, num_classes=0)),
+                      DINOHead(16, 32, 16, 8))
+    opt = torch.optim.AdamW(td.param_groups(student), lr=1e-2, weight_decay=0.1)
+    crops = [torch.randn(8, 1, 28, 28), torch.randn(8, 1, 12, 12)]
+    for epoch, should_change in ((0, False), (1, True)):
+        before = {n: p.clone() for n, p in student.named_parameters()}
+        loss = td.dino_loss(student(crops), torch.randn(8, 32), torch.zeros(1, 32), 0.1, 0.04)
+        opt.zero_grad()
+        loss.backward()
+        td.cancel_last_layer_grads(student.head, epoch, freeze_epochs=1)
+        opt.step()
+        assert not torch.equal(before["backbone.patch_embed.weight"], student.backbone.patch_embed.weight)
+        assert torch.equal(before["head.weight_v"], student.head.weight_v) != should_change
+        assert torch.equal(before["head.weight_g"], student.head.weight_g)  # norm_last_layer: g stays 1
+
+# ---- augmentation
+
+
+def test_multicrop_shapes_and_determinism():
+    for channels, size in ((1, 28), (3, 32)):
+        images = torch.randint(0, 256, (5, channels, size, size), dtype=torch.uint8)
+        config = {**td.DEFAULTS, "global_size": 24, "local_size": 12, "local_crops": 3}
+        mc = td.MultiCrop(config, channels, [0.5] * channels, [0.25] * channels)
+        crops = mc(images, torch.Generator().manual_seed(0))
+        assert [tuple(c.shape) for c in crops] == [(10, channels, 24, 24), (15, channels, 12, 12)]
+        again = mc(images, torch.Generator().manual_seed(0))
+        other = mc(images, torch.Generator().manual_seed(1))
+        assert all(torch.equal(a, b) for a, b in zip(crops, again))
+        assert not torch.equal(crops[0], other[0])
+        assert not torch.equal(crops[0][:5], crops[0][5:])  # the two global views differ
+        lo, hi = (0 - 0.5) / 0.25, (1 - 0.5) / 0.25  # normalised range of [0, 1] pixels
+        assert all(c.min() >= lo - 1e-5 and c.max() <= hi + 1e-5 for c in crops)
+
+
+def test_batched_kernels_match_torchvision_v2():
+    torch.manual_seed(0)
+    x = torch.rand(3, 3, 20, 20)
+    # crop + bilinear resize (a downscale, and a whole-image upscale), with and without a flip
+    boxes = torch.tensor([[2.0, 3.0, 16.0, 12.0], [0.0, 0.0, 20.0, 20.0], [4.0, 1.0, 14.0, 18.0]])
+    x0, y0, w, h = boxes.unbind(1)
+    flip = torch.tensor([False, True, False])
+    out = td.resized_crop(x, x0, y0, w, h, 10, flip)
+    for i in (0, 2):
+        ref = TF.resized_crop(x[i], int(y0[i]), int(x0[i]), int(h[i]), int(w[i]), [10, 10], antialias=False)
+        torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[1], TF.horizontal_flip(TF.resize(x[1], [10, 10], antialias=False)), atol=1e-5, rtol=0)
+    up = td.resized_crop(x, torch.zeros(3), torch.zeros(3), torch.full((3,), 20.0), torch.full((3,), 20.0), 28)
+    torch.testing.assert_close(up, TF.resize(x, [28, 28], antialias=False), atol=1e-5, rtol=0)
+    # per-image blur sigma, hue, brightness, contrast, saturation
+    sigma = torch.tensor([0.7, 1.3, 0.0])
+    blurred = td.gaussian_blur(x, sigma)
+    for i in (0, 1):
+        torch.testing.assert_close(blurred[i], TF.gaussian_blur(x[i], [9, 9], [sigma[i].item()] * 2), atol=1e-5, rtol=0)
+    assert torch.equal(blurred[2], x[2])
+    shift = torch.tensor([0.1, -0.25, 0.4])
+    hue = td.adjust_hue(x, shift)
+    for i in range(3):
+        torch.testing.assert_close(hue[i], TF.adjust_hue(x[i], shift[i].item()), atol=1e-5, rtol=0)
+    mc = td.MultiCrop(td.DEFAULTS, 3, [0.0] * 3, [1.0] * 3)
+    f = torch.tensor([0.6, 1.0, 1.4])
+    for name, ref in (("brightness", TF.adjust_brightness), ("contrast", TF.adjust_contrast),
+                      ("saturation", TF.adjust_saturation)):
+        got = mc.adjust(x, name, f)
+        for i in range(3):
+            torch.testing.assert_close(got[i], ref(x[i], f[i].item()), atol=1e-5, rtol=0)
+    grey = td.MultiCrop(td.DEFAULTS, 1, [0.0], [1.0]).adjust(x[:, :1], "contrast", f)
+    for i in range(3):
+        torch.testing.assert_close(grey[i], TF.adjust_contrast(x[i, :1], f[i].item()), atol=1e-5, rtol=0)
+
+# ---- evaluation
+
+
+def test_knn_probe_and_miou():
+    train_f = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    train_y = torch.tensor([0, 0, 1, 1])
+    test_f = torch.tensor([[2.0, 0.1], [0.2, 3.0], [1.0, 1.2]])
+    # k=2: the two nearest by cosine; [1, 1.2] is nearer class 1
+    assert td.knn_accuracy(train_f, train_y, test_f, torch.tensor([0, 1, 1]), 2, k=2) == 1.0
+    assert td.knn_accuracy(train_f, train_y, test_f, torch.tensor([0, 1, 0]), 2, k=2) == pytest.approx(2 / 3)
+    pred, target = torch.tensor([0, 0, 1, 1, 2, 1]), torch.tensor([0, 1, 1, 1, 255, 2])
+    # IoU class 0: 1/2, class 1: 2/4, class 2: 0/1 (the prediction 2 falls on an ignored pixel)
+    assert td.miou(pred, target, 3) == pytest.approx((1 / 2 + 2 / 4 + 0) / 3)
+    assert td.miou(torch.tensor([0, 1]), torch.tensor([0, 0]), 3) == pytest.approx((1 / 2 + 0) / 2)  # absent: skipped
+    masks = torch.zeros(1, 4, 4, dtype=torch.long)
+    masks[0, :2, :2] = 3
+    masks[0, 0, 2] = 1  # a minority pixel in the top-right patch
+    masks[0, 2:, 2:] = 255
+    assert td.patch_labels(masks, 2, 4).tolist() == [[[3, 0], [0, 255]]]
+
+
+def test_segmentation_probe_learns_an_easy_task():
+    torch.manual_seed(0)
+    masks = torch.randint(0, 3, (40, 4, 4)).repeat_interleave(4, 1).repeat_interleave(4, 2)  # patch-constant
+    feats = F.one_hot(masks[:, ::4, ::4], 3).float() + 0.1 * torch.randn(40, 4, 4, 3)
+    assert td.segmentation_miou(feats[:30], masks[:30], feats[30:], masks[30:], 3, steps=300) > 0.9
+
+# ---- scenes
+
+
+def test_scenes_are_deterministic_and_masks_match_the_items():
+    g = torch.Generator().manual_seed(0)
+    items = torch.zeros(20, 1, 28, 28, dtype=torch.uint8)
+    items[:, :, 4:24, 6:22] = torch.randint(30, 256, (20, 1, 20, 16), generator=g, dtype=torch.uint8)
+    labels = torch.arange(20) % 10
+    a = scenes.make_scenes(items, labels, 12, seed=3, size=48)
+    b = scenes.make_scenes(items, labels, 12, seed=3, size=48)
+    c = scenes.make_scenes(items, labels, 12, seed=4, size=48)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["images"], c["images"])
+    for i in range(12):
+        mask, top = torch.zeros(48, 48, dtype=torch.uint8), torch.full((48, 48), -1)  # top: which placement
+        for j, (idx, y, x) in enumerate(a["placements"][i].tolist()):
+            if idx < 0:
+                continue
+            pasted = items[idx, 0] >= 10
+            mask[y:y + 28, x:x + 28][pasted] = labels[idx] + 1
+            top[y:y + 28, x:x + 28][pasted] = j
+        assert torch.equal(a["masks"][i], mask)
+        fg = top >= 0
+        ys, xs = fg.nonzero().unbind(1)
+        idx, oy, ox = a["placements"][i][top[fg]].unbind(1)
+        assert torch.equal(a["images"][i, 0][fg], items[idx, 0, ys - oy, xs - ox])  # the items' own pixels
+        counts = torch.bincount(mask.flatten().long(), minlength=11)[1:]
+        assert a["labels"][i] == counts.argmax()  # the most visible item's class
+        assert 2 <= (a["placements"][i, :, 0] >= 0).sum() <= 4
+
+# ---- whole runs (subprocesses)
+
+
+def test_resume_equals_uninterrupted_run_and_last_layer_freeze(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    a = run_script(*TINY, "--epochs=2.0", f"--out_dir={full}")
+    assert a.returncode == 0, a.stderr
+    b = run_script(*TINY, "--epochs=2.0", "--max_steps=4", f"--out_dir={part}")
+    assert b.returncode == 0, b.stderr
+    at_4 = load_checkpoint(str(part / "ckpt.pt"))
+    c = run_script(*TINY, "--epochs=2.0", "--resume", f"--out_dir={part}")
+    assert c.returncode == 0, c.stderr
+    assert "resumed from" in c.stdout and "RESULT" in c.stdout and "RESULT" in a.stdout
+    la, lb, lc = losses(a.stdout), losses(b.stdout), losses(c.stdout)
+    assert sorted(la) == list(range(1, 9)) and sorted(lb) == [1, 2, 3, 4] and sorted(lc) == [5, 6, 7, 8]
+    assert la == {**lb, **lc}
+    ca, cc = load_checkpoint(str(full / "ckpt.pt")), load_checkpoint(str(part / "ckpt.pt"))
+    assert ca["step"] == cc["step"] == 8 and ca["kind"] == "dino"
+    for key in ("student", "teacher", "model"):
+        assert all(torch.equal(ca[key][k], cc[key][k]) for k in ca[key])
+    assert torch.equal(ca["center"], cc["center"])
+    # the last layer: frozen through epoch 0 (steps 0-3), trained in epoch 1
+    init = run_script(*TINY, "--epochs=2.0", "--max_steps=0", f"--out_dir={tmp_path / 'init'}")
+    assert init.returncode == 0, init.stderr
+    c0 = load_checkpoint(str(tmp_path / "init" / "ckpt.pt"))
+    assert torch.equal(c0["student"]["head.weight_v"], at_4["student"]["head.weight_v"])
+    assert not torch.equal(c0["student"]["backbone.patch_embed.weight"], at_4["student"]["backbone.patch_embed.weight"])
+    assert not torch.equal(at_4["student"]["head.weight_v"], cc["student"]["head.weight_v"])
+    # the contract analyze.py relies on: the teacher backbone as a nanolap ViT
+    from nanolap import load_model
+    backbone = load_model(ca)
+    assert backbone.config.num_classes == 0 and ca["config"]["dataset"] == "fashion_mnist"
+    records = [json.loads(line) for line in open(full / "log.jsonl")]
+    assert records[0]["step"] == 0 and "knn_acc" in records[0] and "linear_acc" in records[-1]
+
+
+def test_short_run_does_not_collapse(tmp_path):
+    out = tmp_path / "run"
+    r = run_script(*TINY, "--train_limit=512", "--epochs=5.0", "--log_interval=10", f"--out_dir={out}")
+    assert r.returncode == 0, r.stderr
+    assert "collapsing" not in r.stdout
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    cfg = ckpt["config"]
+    teacher = td.DINO(ViT(make_config("vit-tiny", **{k: v for k, v in ckpt["model_config"].items()
+                                                     if k not in ("model",)})),
+                      DINOHead(32, cfg["out_dim"], cfg["head_hidden"], cfg["head_bottleneck"]))
+    teacher.load_state_dict(ckpt["teacher"])
+    x, _ = td.load_eval_images(cfg)
+    with torch.no_grad():
+        out_t = teacher([(x[:256].float() / 255 - 0.286) / 0.353]) - ckpt["center"]
+    probs = F.softmax(out_t / cfg["teacher_temp"], dim=-1)
+    assert out_t.std(dim=0).mean() > 0.01  # images are told apart
+    assert probs.argmax(dim=1).unique().numel() >= 5  # not one prototype for everything
+    entropy = -(probs * probs.clamp_min(1e-12).log()).sum(1).mean() / math.log(cfg["out_dim"])
+    assert entropy < 0.95  # not the uniform distribution
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dataset=mnist"], "unknown dataset 'mnist'"),
+    (["--local_size=10"], "--local_size=10 is not a multiple of the patch size 4"),
+    (["--n_lap=5"], "at most n_head=4 Laplacian heads"),
+    (["--eval_only=/nonexistent/ckpt.pt"], "no checkpoint at /nonexistent/ckpt.pt"),
+    (["--resume", "--out_dir=/nonexistent/run"], "there is no checkpoint at /nonexistent/run/ckpt.pt"),
+    (["--lr=fast"], "--lr='fast' has type str"),
+    (["--batchsize=64"], "unknown option --batchsize"),
+    (["--global_scale=[0.4, 1.5]"], "--global_scale=[0.4, 1.5]: expected [low, high]"),
+    (["--model=gpt-tiny"], "choose a ViT preset"),
+    (["--dataset=imagefolder", "--data_dir=/nonexistent"], "class folders in /nonexistent/train"),
+    (["--train_limit=100", "--batch_size=128"], "--batch_size=128 is larger than the 100 training images"),
+])
+def test_bad_input_gives_a_clear_error(args, message):
+    r = run_script(*args, "--out_dir=/tmp/nanolap-dino-bad-input")
+    assert r.returncode != 0
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    r = run_script(*TINY, "--max_steps=0", f"--out_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    r = run_script(*TINY, "--resume", "--n_lap=0", f"--out_dir={tmp_path}")
+    assert r.returncode != 0 and "n_lap: 1 -> 0" in r.stderr and "Traceback" not in r.stderr
