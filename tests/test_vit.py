@@ -1,0 +1,286 @@
+"""train_vit.py: end-to-end runs on a generated dataset, exact resume, DDP (gloo), augmentation, LAMB, bad
+input, and a smoke run on real Fashion-MNIST. CPU only; the script runs as a subprocess like a user runs it."""
+
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import train_vit  # noqa: E402
+from nanolap import load_checkpoint, load_model  # noqa: E402
+
+# a short run on the generated dataset that learns (no label-changing flips of the random patterns)
+PLAIN = ["--dataset=synthetic", "--val_subset=256", "--batch_size=64", "--epochs=3", "--log_interval=8",
+         "--crop_padding=0", "--hflip=False"]
+# a tiny run with every random path on (crop, flip, 3-Augment, mixup/cutmix, drop-path): for exact resume
+HEAVY = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--batch_size=32", "--epochs=2",
+         "--log_interval=1", "--drop_path=0.1", "--three_augment=True", "--mixup=0.8", "--cutmix=1.0"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+
+
+def run(args, check=True, timeout=120):
+    p = subprocess.run([sys.executable, "train_vit.py", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"train_vit.py {' '.join(args)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+def result(stdout):
+    line = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+    assert line, f"no RESULT line in:\n{stdout[-2000:]}"
+    return dict(kv.split("=", 1) for kv in line[-1].split()[1:])
+
+
+def step_losses(stdout):
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"step (\d+)/\d+ \| loss (\S+)", stdout)}
+
+
+@pytest.fixture(scope="module")
+def heavy_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("heavy")
+    return out, run(HEAVY + [f"--out_dir={out}"]).stdout
+
+# -----------------------------------------------------------------------------
+# end to end
+
+
+def test_end_to_end_synthetic(tmp_path):
+    out = tmp_path
+    stdout = run(PLAIN + [f"--out_dir={out}"]).stdout
+    r = result(stdout)
+    assert float(r["val_acc"]) > 0.6, "10 generated classes: the ViT should learn well above chance (0.1)"
+    assert int(r["params"]) > 0 and r["n_lap"] == "4" and float(r["seconds"]) > 0
+    assert re.search(r"epoch 1/3 step 8/96 \| loss \S+ \| lr \S+ \| \d+ img/s \| data \S+% \| eta", stdout)
+    records = [json.loads(l) for l in open(out / "log.jsonl")]
+    assert [r["step"] for r in records] == [32, 64, 96]  # one eval per epoch
+    assert records[-1]["val_acc"] == pytest.approx(float(r["val_acc"]), abs=1e-4)
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["kind"] == "vit" and ckpt["step"] == 96 and ckpt["config"]["dataset"] == "synthetic"
+    assert {"model", "model_config", "optimizer", "scaler", "rng", "config"} <= set(ckpt)
+    assert not [f for f in os.listdir(out) if ".tmp" in f]
+    # the contract analyze.py relies on: load_model rebuilds the evaluated model, ckpt holds the normalisation
+    model = load_model(ckpt).eval()
+    data = train_vit.load_images("synthetic")
+    x, y = data["val"][0][:256], data["val"][1][:256]
+    x = (x.float() / 255 - torch.tensor(ckpt["mean"]).view(1, -1, 1, 1)) / torch.tensor(ckpt["std"]).view(1, -1, 1, 1)
+    with torch.no_grad():
+        acc = (model(x).argmax(-1) == y).float().mean().item()
+    assert acc == pytest.approx(float(r["val_acc"]), abs=1e-4)
+
+
+def test_resume_is_exact(heavy_run, tmp_path):
+    out_full, stdout_full = heavy_run
+    out = tmp_path / "resumed"
+    first = run(HEAVY + [f"--out_dir={out}", "--stop_at_step=21"])  # stops in the middle of epoch 2
+    assert "RESULT" not in first.stdout and "stopped at step 21" in first.stdout
+    second = run([f"--out_dir={out}", "--resume"])  # the rest of the config comes from the checkpoint
+    full, resumed = step_losses(stdout_full), {**step_losses(first.stdout), **step_losses(second.stdout)}
+    assert len(full) == 32 and resumed == full, "a resumed run must repeat the uninterrupted losses exactly"
+    assert result(second.stdout)["val_acc"] == result(stdout_full)["val_acc"]
+    a, b = load_checkpoint(str(out_full / "ckpt.pt")), load_checkpoint(str(out / "ckpt.pt"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_nonfinite_loss_stops_and_keeps_checkpoint(heavy_run, tmp_path):
+    out_full, _ = heavy_run
+    out = tmp_path / "nan"
+    out.mkdir()
+    ckpt_bytes = open(out_full / "ckpt.pt", "rb").read()
+    open(out / "ckpt.pt", "wb").write(ckpt_bytes)
+    # an infinite learning rate (1e999 is a float literal for inf) wrecks the weights in one step
+    p = run([f"--out_dir={out}", "--resume", "--epochs=3", "--lr=1e999"], check=False)
+    assert p.returncode != 0 and "non-finite loss" in p.stderr and "Traceback" not in p.stderr
+    assert open(out / "ckpt.pt", "rb").read() == ckpt_bytes, "the last good checkpoint must survive"
+
+# -----------------------------------------------------------------------------
+# distributed
+
+
+def test_torchrun_two_processes_match_one(tmp_path):
+    """Two gloo processes with batch 32 each = one process with batch 64 (no augmentation randomness), and
+    both ranks end with identical weights."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--epochs=1", "--crop_padding=0",
+            "--hflip=False", "--log_interval=4"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "train_vit.py", *args, "--batch_size=32", f"--out_dir={tmp_path / 'ddp'}"]
+    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    sums = dict(re.findall(r"rank (\d)/2 param_checksum=(\S+)", p.stdout))
+    assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], f"ranks diverged: {sums}"
+    assert "global batch 64 = 32 x 1 accum x 2 process(es)" in p.stdout
+    single = run(args + ["--batch_size=64", f"--out_dir={tmp_path / 'single'}"])
+    a, b = result(p.stdout), result(single.stdout)
+    assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), abs=2e-3)
+    la, lb = step_losses(p.stdout), step_losses(single.stdout)
+    assert la.keys() == lb.keys() and all(abs(float(la[k]) - float(lb[k])) < 2e-3 for k in la)
+
+# -----------------------------------------------------------------------------
+# augmentation, loss, optimizer (in process)
+
+
+def test_mixup_cutmix_targets():
+    torch.manual_seed(0)
+    x, y = torch.rand(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    for mixup, cutmix in ((0.8, 0.0), (0.0, 1.0), (0.8, 1.0)):
+        xm, t = train_vit.make_mixer(mixup, cutmix, 10)(x.clone(), y)
+        assert xm.shape == x.shape and t.shape == (16, 10)
+        assert torch.allclose(t.sum(1), torch.ones(16)), "soft targets must sum to 1"
+        # every image is mixed with its neighbour in the batch, and the target weights say how much
+        lam, differ = t[torch.arange(16), y], y != y.roll(1, 0)
+        assert torch.allclose(lam[differ] + t[torch.arange(16), y.roll(1, 0)][differ], torch.ones(int(differ.sum())))
+        if mixup and not cutmix:
+            other = x.roll(1, 0)
+            expected = lam.view(-1, 1, 1, 1) * x + (1 - lam.view(-1, 1, 1, 1)) * other
+            same = y == y.roll(1, 0)
+            assert torch.allclose(xm[~same], expected[~same], atol=1e-5)
+        if cutmix and not mixup:  # each pixel comes from one of the two images
+            other = x.roll(1, 0)
+            assert ((xm == x) | (xm == other)).all()
+    assert train_vit.make_mixer(0.0, 0.0, 10) is None
+
+
+def test_three_augment_and_crop():
+    torch.manual_seed(0)
+    x = torch.rand(64, 3, 32, 32)
+    out = train_vit.three_augment(x, jitter=0.0)
+    assert out.shape == x.shape and out.min() >= 0 and out.max() <= 1
+    gray = (out[:, 0] == out[:, 1]).all(dim=(1, 2)) & (out[:, 1] == out[:, 2]).all(dim=(1, 2))
+    solarised = ((out - (1 - x)).abs() < 1e-6).any(dim=(1, 2, 3)) & ~gray
+    assert 5 < gray.sum() < 40 and solarised.sum() > 5, "each op should be drawn for about a third of the images"
+    assert train_vit.three_augment(x, jitter=0.3).shape == x.shape
+    # a blur with tiny sigma is the identity; blurring keeps the mean and lowers the variance
+    assert torch.allclose(train_vit.gaussian_blur(x, torch.full((64,), 0.1)), x, atol=1e-4)
+    blurred = train_vit.gaussian_blur(x, torch.full((64,), 2.0))
+    assert blurred.std() < 0.5 * x.std() and abs(blurred.mean() - x.mean()) < 1e-2
+    # a random crop of a zero-padded image is a shifted window of it
+    u8 = (torch.rand(8, 1, 28, 28) * 255).to(torch.uint8)
+    crop, padded = train_vit.random_crop(u8, 2), F.pad(u8, (2, 2, 2, 2))
+    for k in range(8):
+        assert any(torch.equal(crop[k], padded[k, :, i:i + 28, j:j + 28]) for i in range(5) for j in range(5))
+
+
+def test_augment_pipeline_is_seeded():
+    """Resume relies on this: the same global seed gives the same augmented batch and targets."""
+    c = train_vit.SimpleNamespace(**{**train_vit.DEFAULTS, "img_size": 28, "three_augment": True,
+                                     "rand_augment": 2, "mixup": 0.8, "cutmix": 1.0})
+    x, y = (torch.rand(16, 1, 28, 28) * 255).to(torch.uint8), torch.randint(0, 10, (16,))
+    mixer, mean, std = train_vit.make_mixer(0.8, 1.0, 10), torch.tensor(0.5), torch.tensor(0.25)
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        outs.append(train_vit.augment(x, y, c, mixer, mean, std))
+    assert outs[0][0].shape == (16, 1, 28, 28) and outs[0][1].shape == (16, 10)
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_losses():
+    torch.manual_seed(0)
+    logits, y = torch.randn(8, 5), torch.randint(0, 5, (8,))
+    hard = train_vit.compute_loss(logits, y, 0.1)
+    soft = train_vit.compute_loss(logits, F.one_hot(y, 5).float(), 0.1)
+    assert hard.item() == pytest.approx(soft.item(), abs=1e-6)
+    bce = train_vit.compute_loss(logits, y, 0.0, bce=True)
+    assert bce.item() == pytest.approx(F.binary_cross_entropy_with_logits(logits, F.one_hot(y, 5).float()).item())
+    mixed = torch.zeros(8, 5)
+    mixed[:, 0], mixed[:, 1] = 0.7, 0.3  # DeiT-III BCE: both mixed classes are positives
+    target = torch.zeros(8, 5)
+    target[:, :2] = 1
+    assert train_vit.compute_loss(logits, mixed, 0.0, bce=True).item() == pytest.approx(
+        F.binary_cross_entropy_with_logits(logits, target).item())
+
+
+def test_lamb_matches_hand_computed_steps():
+    lr, b1, b2, eps, wd = 0.1, 0.9, 0.999, 1e-6, 0.1
+    w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    bias = torch.nn.Parameter(torch.tensor([0.5]))
+    opt = train_vit.Lamb([dict(params=[w], weight_decay=wd), dict(params=[bias], weight_decay=0.0)],
+                         lr=lr, betas=(b1, b2), eps=eps)
+    grads = [([1.0, -2.0], [0.25]), ([0.5, 1.0], [-1.0])]
+    ew, eb = [3.0, 4.0], [0.5]
+    m = {"w": [0.0, 0.0], "b": [0.0]}
+    v = {"w": [0.0, 0.0], "b": [0.0]}
+    for t, (gw, gb) in enumerate(grads, start=1):
+        w.grad, bias.grad = torch.tensor(gw), torch.tensor(gb)
+        opt.step()
+        # by hand, in Python floats
+        for key, g, p, decay in (("w", gw, ew, wd), ("b", gb, eb, 0.0)):
+            m[key] = [b1 * mi + (1 - b1) * gi for mi, gi in zip(m[key], g)]
+            v[key] = [b2 * vi + (1 - b2) * gi * gi for vi, gi in zip(v[key], g)]
+            u = [(mi / (1 - b1 ** t)) / (math.sqrt(vi / (1 - b2 ** t)) + eps) + decay * pi
+                 for mi, vi, pi in zip(m[key], v[key], p)]
+            trust = math.sqrt(sum(pi * pi for pi in p)) / math.sqrt(sum(ui * ui for ui in u)) if decay else 1.0
+            p[:] = [pi - lr * trust * ui for pi, ui in zip(p, u)]
+        assert w.tolist() == pytest.approx(ew, rel=1e-5) and bias.tolist() == pytest.approx(eb, rel=1e-5)
+    assert abs(ew[0] - 3.0) > 0.1, "the trust ratio (|w|/|u| ~ 2.6 here) scales the first step well beyond lr"
+
+
+def test_lr_schedule():
+    c = train_vit.SimpleNamespace(lr=1e-3, min_lr=1e-5)
+    lrs = [train_vit.get_lr(s, c, 10, 100) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == pytest.approx(1e-5, abs=1e-6)
+
+# -----------------------------------------------------------------------------
+# bad input: one clear line on stderr, non-zero exit, no traceback
+
+
+def test_bad_input_messages(tmp_path):
+    cases = {
+        "unknown dataset": (["--dataset=mnist"], "unknown dataset 'mnist'"),
+        "wrong path": (["--dataset=imagefolder", f"--data_dir={tmp_path}/nowhere"], "is not a directory"),
+        "n_lap > n_head": (["--dataset=synthetic", "--n_lap=5"], "at most n_head=4 Laplacian heads"),
+        "per-layer list length": (["--dataset=synthetic", "--n_lap=[1,2]"], "has 2 entries but n_layer=4"),
+        "wrong type": (["--lr=fast"], "--lr='fast' has type str, expected float"),
+        "unknown key": (["--learning_rate=0.1"], "unknown option --learning_rate"),
+        "resume without checkpoint": ([f"--out_dir={tmp_path}/empty", "--resume"], "--resume: no checkpoint"),
+        "bad optimizer": (["--dataset=synthetic", "--optimizer=sgd"], "unknown optimizer 'sgd'"),
+    }
+    procs = {name: subprocess.Popen([sys.executable, "train_vit.py", f"--out_dir={tmp_path}/o", *args], cwd=ROOT,
+                                    env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (args, _) in cases.items()}  # in parallel: each one mostly waits for `import torch`
+    for name, (args, message) in cases.items():
+        out, err = procs[name].communicate(timeout=120)
+        assert procs[name].returncode != 0, f"{name}: should fail"
+        assert message in err and err.startswith("error: ") and "Traceback" not in err, f"{name}: {err!r}"
+
+# -----------------------------------------------------------------------------
+# real data and the imagefolder path
+
+
+def test_fashion_mnist_smoke(tmp_path):
+    p = run(["--train_subset=4096", "--val_subset=1000", "--epochs=2", "--batch_size=128", "--log_interval=8",
+             f"--out_dir={tmp_path}"])
+    assert "data: fashion_mnist 4096 train / 1000 val images, 1x28x28, 10 classes" in p.stdout
+    r = result(p.stdout)
+    assert float(r["val_acc"]) > 0.5 and r["dataset"] == "fashion_mnist"
+    assert float(r["data_wait"]) < 0.25  # the device-resident pipeline keeps data time small (< 10% when idle)
+
+
+def test_imagefolder(tmp_path):
+    from PIL import Image
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", 12), ("val", 4)):
+        for k, cls in enumerate(("bright", "dark")):
+            os.makedirs(tmp_path / "imgs" / split / cls)
+            for i in range(n):
+                level = 200 if k == 0 else 40
+                img = (torch.rand(40, 40, 3, generator=g) * 50 + level).clamp(0, 255).to(torch.uint8).numpy()
+                Image.fromarray(img).save(tmp_path / "imgs" / split / cls / f"{i}.png")
+    p = run(["--dataset=imagefolder", f"--data_dir={tmp_path / 'imgs'}", "--img_size=32", "--patch_size=8",
+             "--batch_size=8", "--epochs=2", "--num_workers=1", "--three_augment=True", "--rand_augment=1",
+             "--mixup=0.8", "--log_interval=1", f"--out_dir={tmp_path / 'out'}"])
+    assert "data: imagefolder 24 train / 8 val images, 3x32x32, 2 classes" in p.stdout
+    assert 0.0 <= float(result(p.stdout)["val_acc"]) <= 1.0
