@@ -511,6 +511,10 @@ def parse_args(defaults, argv=None):
     --key=value overrides, in command-line order. Values are Python literals; no code is executed."""
     config = dict(defaults)
     for arg in sys.argv[1:] if argv is None else argv:
+        if arg in ("-h", "--help"):
+            print((sys.modules["__main__"].__doc__ or "").strip() + "\n\noptions (--key=value; the defaults):")
+            print("\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+            sys.exit(0)
         if arg.startswith("--"):
             key, has_value, text = arg[2:].partition("=")
             if key not in config:

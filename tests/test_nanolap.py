@@ -331,6 +331,12 @@ def test_parse_args_overrides_config_files_and_errors(tmp_path):
         nanolap.parse_args(defaults, [str(f)])
 
 
+def test_help_prints_the_options(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        nanolap.parse_args(dict(lr=1e-3, dataset="cifar10"), ["--help"])
+    assert exit_.value.code == 0 and "--dataset='cifar10'" in capsys.readouterr().out
+
+
 def test_check_finite_stops_on_nan():
     nanolap.check_finite(torch.tensor(1.0), 3)
     with pytest.raises(FloatingPointError, match="non-finite loss nan at step 7"):
