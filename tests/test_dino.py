@@ -303,7 +303,7 @@ def test_short_run_does_not_collapse(tmp_path):
     (["--train_limit=100", "--batch_size=128"], "--batch_size=128 is larger than the 100 training images"),
 ])
 def test_bad_input_gives_a_clear_error(args, message):
-    r = run_script(*args, "--out_dir=/tmp/nanolap-dino-bad-input")
+    r = run_script("--out_dir=/tmp/nanolap-dino-bad-input", *args)  # a case may name its own out_dir
     assert r.returncode != 0
     assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
