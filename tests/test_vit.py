@@ -247,6 +247,7 @@ def test_bad_input_messages(tmp_path):
         "unknown key": (["--learning_rate=0.1"], "unknown option --learning_rate"),
         "resume without checkpoint": ([f"--out_dir={tmp_path}/empty", "--resume"], "--resume: no checkpoint"),
         "bad optimizer": (["--dataset=synthetic", "--optimizer=sgd"], "unknown optimizer 'sgd'"),
+        "not a ViT preset": (["--dataset=synthetic", "--preset=gpt-tiny"], "--preset='gpt-tiny': choose one of"),
     }
     procs = {name: subprocess.Popen([sys.executable, "train_vit.py", f"--out_dir={tmp_path}/o", *args], cwd=ROOT,
                                     env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
