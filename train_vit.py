@@ -27,6 +27,7 @@ import gzip
 import json
 import math
 import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -61,7 +62,7 @@ val_subset = 0  # evaluate on the first N validation images (0 = all)
 img_size = 0  # model resolution; 0 = the dataset's own (imagefolder: 224). Small datasets are resized on device
 num_workers = 8  # imagefolder: DataLoader worker processes per process (decoding and crops)
 # model (None = the preset's value)
-preset = "vit-cpu"  # vit-cpu (below), vit-tiny (4 layers, d 96, 4 heads, patch 4), vit-small (6, 192, 6), vit-b
+preset = "vit-cpu"  # vit-cpu (vit-tiny at d 64, patch 7), vit-tiny (4 layers, d 96, 4 heads, patch 4), vit-small, vit-b
 n_lap = 4  # Laplacian heads per layer: 0..n_head, or a per-layer list like [0,2,4,4]
 n_layer = None
 n_head = None
@@ -136,7 +137,8 @@ def _fashion_mnist_dir(root):
             FashionMNIST(root, train=train, download=True)
     except Exception as e:
         raise UsageError(f"Fashion-MNIST is not in {root} or {DEBIAN_FASHION} and the download failed ({e}).\n"
-                         f"Fix: apt-get install -y dataset-fashion-mnist, or copy the four *-ubyte.gz files into {root}")
+                         f"Fix: apt-get install -y dataset-fashion-mnist, or copy the four *-ubyte.gz files "
+                         f"into {root}")
     return os.path.join(root, "FashionMNIST", "raw")
 
 
@@ -415,8 +417,17 @@ def resolve_config(argv=None):
     return config, ckpt
 
 
+def print_help():
+    """--help: the docstring and the commented defaults block of this file, as written."""
+    source = open(os.path.abspath(__file__)).read()
+    start = source.index("_before = set(globals())") + len("_before = set(globals())")
+    print(__doc__.strip() + "\n\noptions and their defaults:" + source[start:source.index("DEFAULTS = {")].rstrip())
+
+
 def main(argv=None):
     t_start = time.time()
+    if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        return print_help()
     config, ckpt = resolve_config(argv)
     c = SimpleNamespace(**config)
     for key in ("epochs", "batch_size", "grad_accum"):

@@ -257,6 +257,11 @@ def test_bad_input_messages(tmp_path):
         assert procs[name].returncode != 0, f"{name}: should fail"
         assert message in err and err.startswith("error: ") and "Traceback" not in err, f"{name}: {err!r}"
 
+def test_help_lists_every_option():
+    p = run(["--help"])
+    assert "options and their defaults" in p.stdout
+    assert all(f"\n{key} = " in p.stdout for key in train_vit.DEFAULTS)
+
 # -----------------------------------------------------------------------------
 # real data and the imagefolder path
 
