@@ -377,6 +377,13 @@ def check_config(config):
     if PRESETS.get(config["model"], {}).get("model", "gpt") != "gpt":
         gpts = sorted(k for k, v in PRESETS.items() if v["model"] == "gpt")
         raise UsageError(f"--model={config['model']!r} is not a GPT preset; choose one of {gpts}")
+    if not config["resume"] and not config["sample_from"]:
+        model_config(config)  # a bad model (n_lap > n_head, ...) is reported before any data is read
+
+
+def model_config(config, **overrides):
+    return make_config(config["model"], n_layer=config["n_layer"], n_head=config["n_head"], n_embd=config["n_embd"],
+                       n_lap=config["n_lap"], dropout=config["dropout"], block_size=config["block_size"], **overrides)
 
 
 def resume_config(config, argv):
@@ -439,9 +446,7 @@ def main(argv=None):
     if ckpt is not None:
         model_cfg = Config(**ckpt["model_config"])
     else:
-        model_cfg = make_config(config["model"], n_layer=config["n_layer"], n_head=config["n_head"],
-                                n_embd=config["n_embd"], n_lap=config["n_lap"], dropout=config["dropout"],
-                                block_size=T, vocab_size=model_vocab_size(meta["vocab_size"]))
+        model_cfg = model_config(config, vocab_size=model_vocab_size(meta["vocab_size"]))
     raw_model = build_model(model_cfg).to(device)
     optimizers = build_optimizers(raw_model, config)
     step, best_val_loss, time_before = 0, float("inf"), 0.0  # time_before: training time of earlier runs
