@@ -5,6 +5,7 @@ out_dir = "out-vit-cifar10"
 dataset = "cifar10"
 preset = "vit-small"
 patch_size = 4
+pooling = "cls"
 n_lap = 6
 qk_norm = True
 drop_path = 0.1

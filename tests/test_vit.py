@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -28,8 +29,10 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
 
 
 def run(args, check=True, timeout=120):
-    p = subprocess.run([sys.executable, "train_vit.py", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                       timeout=timeout)
+    """train_vit.py as a user runs it; one process unless the test asks for --cpu_procs."""
+    procs = [] if any(a.startswith("--cpu_procs") for a in args) else ["--cpu_procs=1"]
+    p = subprocess.run([sys.executable, "train_vit.py", *procs, *args], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"train_vit.py {' '.join(args)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     return p
@@ -106,9 +109,9 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(heavy_run, tmp_path):
 # distributed
 
 
-def test_torchrun_two_processes_match_one(tmp_path):
+def test_two_processes_match_one(tmp_path):
     """Two gloo processes with batch 32 each = one process with batch 64 (no augmentation randomness), and
-    both ranks end with identical weights."""
+    both ranks end with identical weights; plain python with --cpu_procs=2 is the same run as torchrun's."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -126,6 +129,45 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), abs=2e-3)
     la, lb = step_losses(p.stdout), step_losses(single.stdout)
     assert la.keys() == lb.keys() and all(abs(float(la[k]) - float(lb[k])) < 2e-3 for k in la)
+    spawned = run(args + ["--cpu_procs=2", "--batch_size=32", f"--out_dir={tmp_path / 'spawned'}"])
+    same = ("val_acc", "val_loss", "params", "n_lap", "epochs")
+    assert [result(spawned.stdout)[k] for k in same] == [a[k] for k in same] and step_losses(spawned.stdout) == la
+    assert dict(re.findall(r"rank (\d)/2 param_checksum=(\S+)", spawned.stdout)) == sums
+
+
+def test_spawned_processes_exit_when_the_launcher_is_killed(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "train_vit.py", *PLAIN, "--cpu_procs=2", "--epochs=100",
+                                 f"--out_dir={tmp_path}"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    children_file = f"/proc/{launcher.pid}/task/{launcher.pid}/children"
+    if not os.path.exists(children_file):
+        launcher.kill()
+        pytest.skip("needs Linux /proc")
+    children = []
+    for _ in range(100):  # the two training processes start within seconds
+        children = [int(pid) for pid in open(children_file).read().split()]
+        if len(children) >= 2:
+            break
+        time.sleep(0.2)
+    launcher.kill()  # SIGKILL: the launcher cannot clean up; its processes must notice on their own
+    launcher.wait()
+    assert len(children) >= 2
+
+    def running(pid):
+        try:
+            return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+        except FileNotFoundError:
+            return False
+    deadline = time.time() + 30
+    while time.time() < deadline and any(map(running, children)):
+        time.sleep(0.5)
+    assert not any(map(running, children)), "spawned training processes outlived their launcher"
+
+
+def test_spawned_processes_stop_together_on_error(tmp_path):
+    """--cpu_procs=2: a failure inside the processes ends the run with one clear message, no hang."""
+    p = run(PLAIN + ["--cpu_procs=2", "--lr=1e999", f"--out_dir={tmp_path}"], check=False, timeout=60)
+    assert p.returncode != 0 and "error: non-finite loss" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 # -----------------------------------------------------------------------------
 # augmentation, loss, optimizer (in process)
