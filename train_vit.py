@@ -74,7 +74,8 @@ n_head = None
 n_embd = None
 patch_size = None
 pooling = "mean"  # 'cls' token or 'mean' of the patch tokens (12 CPU epochs: mean 89.18%, cls 89.12%)
-drop_path = 0.0  # stochastic depth, rising linearly to this value in the last block (DeiT-III: 0.1-0.4)
+drop_path = 0.1  # stochastic depth, rising linearly to this value in the last block (DeiT-III: 0.1-0.4). The
+# CPU default's 18 epochs: 89.89% with 0.1, 89.28% with 0 (which overfits after epoch 15)
 layerscale = None  # LayerScale init (DeiT-III: 1e-6); 0.0 = off
 qk_norm = None  # normalise queries and keys per head (the paper's ViTs: True)
 # augmentation (on the device, per image, batched)

@@ -116,7 +116,7 @@ def test_two_processes_match_one(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--epochs=1", "--crop_padding=0",
-            "--hflip=False", "--log_interval=4"]
+            "--hflip=False", "--drop_path=0.0", "--log_interval=4"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
            "train_vit.py", *args, "--batch_size=32", f"--out_dir={tmp_path / 'ddp'}"]
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
