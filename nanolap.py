@@ -26,13 +26,10 @@ helpers shared by the training scripts; `python nanolap.py` self-check and bench
 import ast
 import json
 import math
-import multiprocessing
 import os
 import random
 import re
-import socket
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Union
@@ -571,51 +568,6 @@ def setup_distributed():
         device = "cpu"
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return rank, local_rank, world, device
-
-def launch_cpu_processes(main, argv, nprocs):
-    """Data parallelism on one machine's CPU cores without torchrun: run main(argv) in `nprocs` spawned,
-    single-threaded processes that form a gloo group (torchrun's variables, set here). For small models
-    this beats threads: intra-op threads hardly speed up their small matrix products, processes do.
-    If one process fails the others are stopped (they would wait for it forever); the exit code is its."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    spawn = multiprocessing.get_context("spawn")
-    procs = [spawn.Process(target=_cpu_process, args=(main, argv, rank, nprocs, port, os.getpid()))
-             for rank in range(nprocs)]
-    for p in procs:
-        p.start()
-    try:
-        while not any(p.exitcode for p in procs) and any(p.is_alive() for p in procs):
-            time.sleep(0.1)
-    except KeyboardInterrupt:  # the processes got the same Ctrl-C; give them a moment to stop cleanly
-        for p in procs:
-            p.join(timeout=10)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-        p.join()
-    code = next((p.exitcode for p in procs if p.exitcode), 0)
-    if code:
-        sys.exit(code if code > 0 else 1)  # the failing process has said why
-
-def _cpu_process(main, argv, rank, world_size, port, parent):
-    def exit_with_parent():  # a killed launcher must not leave its processes training on
-        while os.getppid() == parent:
-            time.sleep(1)
-        os._exit(1)
-    threading.Thread(target=exit_with_parent, daemon=True).start()
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    if rank == 0:
-        return run_main(lambda: main(argv))
-    try:
-        main(argv)
-    except (UsageError, KeyboardInterrupt):  # rank 0 meets the same mistake (or Ctrl-C) and reports it
-        sys.exit(1)
-    except FloatingPointError as e:
-        sys.exit(f"error (process {rank}): {e}")
 
 def teardown_distributed():
     if dist.is_initialized():

@@ -23,7 +23,7 @@ every micro-batch draws its augmentation and drop-path randomness from a seed of
 Multi-node: torchrun's standard flags (--nnodes, --node_rank, --master_addr, --master_port).
 
 On a CPU without torchrun the script starts cpu_procs (default 2) single-threaded processes itself and
-trains data-parallel in them (nanolap.launch_cpu_processes): for a model this small, PyTorch's threads
+trains data-parallel in them (launch_cpu_processes below): for a model this small, PyTorch's threads
 hardly help (one process: ~1,300 img/s with 1 or 2 threads on our 2-core machine; two processes: ~2,100).
 The global batch is then batch_size * cpu_procs; --cpu_procs=1 trains in this process.
 """
@@ -31,8 +31,11 @@ The global batch is then batch_size * cpu_procs; --cpu_procs=1 trains in this pr
 import gzip
 import json
 import math
+import multiprocessing
 import os
+import socket
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -45,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from nanolap import (PRESETS, UsageError, all_reduce_mean, append_jsonl, build_model, check_finite, format_time,
-                     launch_cpu_processes, load_checkpoint, make_config, parse_args, peak_flops, rng_state, run_main,
+                     load_checkpoint, make_config, parse_args, peak_flops, rng_state, run_main,
                      save_checkpoint, set_rng_state, setup_distributed, teardown_distributed)
 
 # -----------------------------------------------------------------------------
@@ -416,6 +419,53 @@ def cpu_only(device):
     return device == "cpu" or device == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
 
 
+def launch_cpu_processes(argv, nprocs):
+    """Data parallelism on one machine's CPU cores without torchrun: run main(argv) in `nprocs` spawned,
+    single-threaded processes that form a gloo group (torchrun's variables, set here). For small models
+    this beats threads: intra-op threads hardly speed up their small matrix products, processes do.
+    If one process fails the others are stopped (they would wait for it forever); the exit code is its."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spawn = multiprocessing.get_context("spawn")
+    procs = [spawn.Process(target=_cpu_process, args=(argv, rank, nprocs, port, os.getpid()))
+             for rank in range(nprocs)]
+    for p in procs:
+        p.start()
+    try:
+        while not any(p.exitcode for p in procs) and any(p.is_alive() for p in procs):
+            time.sleep(0.1)
+    except KeyboardInterrupt:  # the processes got the same Ctrl-C; give them a moment to stop cleanly
+        for p in procs:
+            p.join(timeout=10)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+        p.join()
+    code = next((p.exitcode for p in procs if p.exitcode), 0)
+    if code:
+        sys.exit(code if code > 0 else 1)  # the failing process has said why
+
+
+def _cpu_process(argv, rank, world_size, port, parent):
+    def exit_with_parent():  # a killed launcher must not leave its processes training on
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+    threading.Thread(target=exit_with_parent, daemon=True).start()
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    if rank == 0:
+        return run_main(lambda: main(argv))
+    try:
+        main(argv)
+    except (UsageError, KeyboardInterrupt):  # rank 0 meets the same mistake (or Ctrl-C) and reports it
+        sys.exit(1)
+    except FloatingPointError as e:
+        sys.exit(f"error (process {rank}): {e}")
+
+
 def resolve_config(argv=None):
     """Defaults <- config files and --key=value options. With --resume, the checkpoint's config is the base
     and the command line goes on top. Returns (config dict, checkpoint or None)."""
@@ -453,7 +503,7 @@ def main(argv=None):
 
     # ---- processes and device ----
     if c.cpu_procs > 1 and "RANK" not in os.environ and cpu_only(c.device):
-        return launch_cpu_processes(main, sys.argv[1:] if argv is None else argv, c.cpu_procs)
+        return launch_cpu_processes(sys.argv[1:] if argv is None else argv, c.cpu_procs)
     rank, local_rank, world, device = setup_distributed()
     if c.device != "auto":
         if world > 1:

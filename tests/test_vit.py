@@ -136,32 +136,23 @@ def test_two_processes_match_one(tmp_path):
 
 
 def test_spawned_processes_exit_when_the_launcher_is_killed(tmp_path):
+    """SIGKILL of the launcher (it cannot clean up): its processes must notice and stop training on their own,
+    seen as the run's log.jsonl (one line per epoch, about a second each) no longer growing."""
     launcher = subprocess.Popen([sys.executable, "train_vit.py", *PLAIN, "--cpu_procs=2", "--epochs=100",
                                  f"--out_dir={tmp_path}"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-    children_file = f"/proc/{launcher.pid}/task/{launcher.pid}/children"
-    if not os.path.exists(children_file):
-        launcher.kill()
-        pytest.skip("needs Linux /proc")
-    children = []
-    for _ in range(100):  # the two training processes start within seconds
-        children = [int(pid) for pid in open(children_file).read().split()]
-        if len(children) >= 2:
-            break
+    log = tmp_path / "log.jsonl"
+    epochs_logged = lambda: len(open(log).readlines()) if log.exists() else 0
+    deadline = time.time() + 60
+    while epochs_logged() < 2 and time.time() < deadline:  # training is under way
         time.sleep(0.2)
-    launcher.kill()  # SIGKILL: the launcher cannot clean up; its processes must notice on their own
+    launcher.kill()
     launcher.wait()
-    assert len(children) >= 2
-
-    def running(pid):
-        try:
-            return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
-        except FileNotFoundError:
-            return False
-    deadline = time.time() + 30
-    while time.time() < deadline and any(map(running, children)):
-        time.sleep(0.5)
-    assert not any(map(running, children)), "spawned training processes outlived their launcher"
+    assert epochs_logged() >= 2, "the run did not start training"
+    time.sleep(3)  # the processes check for their parent every second
+    stopped_at = epochs_logged()
+    time.sleep(6)
+    assert epochs_logged() == stopped_at, "spawned training processes outlived their launcher"
 
 
 def test_spawned_processes_stop_together_on_error(tmp_path):
