@@ -41,6 +41,7 @@ Where this differs from facebookresearch/dino, and why:
 import importlib.util
 import math
 import os
+import sys
 import time
 from dataclasses import asdict
 
@@ -52,7 +53,7 @@ import torch.nn.functional as F
 from nanolap import (DINOHead, UsageError, ViT, all_reduce_mean, check_finite, format_time, load_checkpoint,
                      make_config, parse_args, rng_state, run_main, save_checkpoint, set_rng_state,
                      setup_distributed, teardown_distributed, append_jsonl, clean_state_dict, Config, PRESETS)
-from train_vit import load_images
+from train_vit import cpu_only, launch_cpu_processes, load_images
 
 # -----------------------------------------------------------------------------
 # default config: the CPU default (Fashion-MNIST, 2 cores); config/dino_vits16_imagenet.py is the paper's ViT-S/16.
@@ -115,6 +116,8 @@ DEFAULTS = dict(
     freeze_last_layer=0.0,  # epochs in which the head's last layer gets no update (DINO: 1; in 1-epoch tests it cost k-NN)
     dtype="float32",  # float32 | bfloat16 | float16 (autocast; float16 uses a GradScaler)
     compile=False,  # torch.compile the backbones
+    cpu_procs=1,  # CPU without torchrun: train data-parallel in this many single-threaded processes, which share
+    # batch_size (train_vit.py's launcher); 1 = in this process
     # evaluation
     eval_train=10000,  # labelled train images for the k-NN bank and the linear probe; 0 = all
     eval_val=5000,  # val images for k-NN and linear accuracy; 0 = all
@@ -130,7 +133,7 @@ DEFAULTS = dict(
 )
 # keys that may differ between a run and its resumption
 RESUME_FREE = ("out_dir", "eval_interval", "log_interval", "resume", "max_steps", "num_workers", "compile",
-               "eval_only")
+               "eval_only", "cpu_procs")  # a resume is exact with the same number of processes
 DATASETS = ("fashion_mnist", "cifar10", "cifar100", "scenes", "imagefolder")
 
 # -----------------------------------------------------------------------------
@@ -617,7 +620,7 @@ def check_config(c):
         raise UsageError(f"--jitter={c['jitter']}: expected [brightness, contrast, saturation, hue] >= 0, hue <= 0.5")
     positive = ("epochs", "batch_size", "lr", "student_temp", "teacher_temp", "warmup_teacher_temp", "out_dim",
                 "head_hidden", "head_bottleneck", "global_size", "local_size", "eval_interval", "log_interval",
-                "knn_k", "knn_temp", "probe_steps", "linear_blocks")
+                "knn_k", "knn_temp", "probe_steps", "linear_blocks", "cpu_procs")
     for key in positive:
         if not c[key] > 0:
             raise UsageError(f"--{key}={c[key]} must be positive")
@@ -680,6 +683,8 @@ def evaluate_final(backbone, c, data, feats, seg_sets, device, dtype, num_classe
 def main(argv=None):
     c = parse_args(DEFAULTS, argv)
     check_config(c)
+    if c["cpu_procs"] > 1 and not c["eval_only"] and "RANK" not in os.environ and cpu_only("auto"):
+        return launch_cpu_processes(main, sys.argv[1:] if argv is None else argv, c["cpu_procs"])
     rank, local_rank, world_size, device = setup_distributed()
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
@@ -884,6 +889,10 @@ def run(c, rank, world_size, device, master, log):
                     f"(centring too weak: center_momentum < 1, a higher teacher_temp); near 1 a uniform teacher "
                     f"(sharpen: a lower teacher_temp). A lower lr or a higher momentum_teacher also help.")
             t_last, images_seen, loss_sum, n_loss = time.time(), 0, 0.0, 0
+
+    if world_size > 1:  # every process reports its weights: the ranks of a DDP run must agree exactly
+        checksum = sum(p.double().sum().item() for p in [*student.parameters(), *teacher.parameters()])
+        print(f"rank {rank}/{world_size} param_checksum={checksum:.10e}", flush=True)
 
     # ---- final probes
     if end_step < total_steps:

@@ -419,7 +419,7 @@ def cpu_only(device):
     return device == "cpu" or device == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
 
 
-def launch_cpu_processes(argv, nprocs):
+def launch_cpu_processes(main, argv, nprocs):
     """Data parallelism on one machine's CPU cores without torchrun: run main(argv) in `nprocs` spawned,
     single-threaded processes that form a gloo group (torchrun's variables, set here). For small models
     this beats threads: intra-op threads hardly speed up their small matrix products, processes do.
@@ -428,7 +428,7 @@ def launch_cpu_processes(argv, nprocs):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     spawn = multiprocessing.get_context("spawn")
-    procs = [spawn.Process(target=_cpu_process, args=(argv, rank, nprocs, port, os.getpid()))
+    procs = [spawn.Process(target=_cpu_process, args=(main, argv, rank, nprocs, port, os.getpid()))
              for rank in range(nprocs)]
     for p in procs:
         p.start()
@@ -447,7 +447,7 @@ def launch_cpu_processes(argv, nprocs):
         sys.exit(code if code > 0 else 1)  # the failing process has said why
 
 
-def _cpu_process(argv, rank, world_size, port, parent):
+def _cpu_process(main, argv, rank, world_size, port, parent):
     def exit_with_parent():  # a killed launcher must not leave its processes training on
         while os.getppid() == parent:
             time.sleep(1)
@@ -503,7 +503,7 @@ def main(argv=None):
 
     # ---- processes and device ----
     if c.cpu_procs > 1 and "RANK" not in os.environ and cpu_only(c.device):
-        return launch_cpu_processes(sys.argv[1:] if argv is None else argv, c.cpu_procs)
+        return launch_cpu_processes(main, sys.argv[1:] if argv is None else argv, c.cpu_procs)
     rank, local_rank, world, device = setup_distributed()
     if c.device != "auto":
         if world > 1:

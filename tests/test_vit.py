@@ -121,7 +121,7 @@ def test_two_processes_match_one(tmp_path):
            "train_vit.py", *args, "--batch_size=32", f"--out_dir={tmp_path / 'ddp'}"]
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    sums = dict(re.findall(r"rank (\d)/2 param_checksum=(\S+)", p.stdout))
+    sums = dict(re.findall(r"rank (\d)/2 param_checksum=([-+0-9.]+e[-+]\d+)", p.stdout))
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], f"ranks diverged: {sums}"
     assert "global batch 64 = 32 x 1 accum x 2 process(es)" in p.stdout
     single = run(args + ["--batch_size=64", f"--out_dir={tmp_path / 'single'}"])
@@ -132,7 +132,7 @@ def test_two_processes_match_one(tmp_path):
     spawned = run(args + ["--cpu_procs=2", "--batch_size=32", f"--out_dir={tmp_path / 'spawned'}"])
     same = ("val_acc", "val_loss", "params", "n_lap", "epochs")
     assert [result(spawned.stdout)[k] for k in same] == [a[k] for k in same] and step_losses(spawned.stdout) == la
-    assert dict(re.findall(r"rank (\d)/2 param_checksum=(\S+)", spawned.stdout)) == sums
+    assert dict(re.findall(r"rank (\d)/2 param_checksum=([-+0-9.]+e[-+]\d+)", spawned.stdout)) == sums
 
 
 def test_spawned_processes_exit_when_the_launcher_is_killed(tmp_path):
