@@ -30,7 +30,9 @@ TINY = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--n_lap=1", "--drop_path=0.
 
 
 def run_script(*args, timeout=120):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train_dino.py"), *args], cwd=ROOT,
+    """train_dino.py as a user runs it; one process unless the test asks for --cpu_procs."""
+    procs = [] if any(a.startswith("--cpu_procs") for a in args) else ["--cpu_procs=1"]
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train_dino.py"), *procs, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
