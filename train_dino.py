@@ -106,7 +106,7 @@ DEFAULTS = dict(
     blur_sigma=[0.1, 0.5],  # Gaussian blur sigma range in pixels (DINO: 0.1-2 at 224 px)
     solarize_p=0.2,  # on the second global crop
     # optimisation
-    epochs=4.5,  # about 13 minutes on our 2 cores
+    epochs=4.5,  # 14 minutes on our 2 cores
     batch_size=64,  # images per step, summed over processes
     lr=0.002,  # peak learning rate for batch 256, scaled linearly with batch_size (DINO ViT-S: 0.0005)
     min_lr=1e-6,
@@ -711,6 +711,10 @@ def run(c, rank, world_size, device, master, log):
         if changed:
             raise UsageError(f"--resume: the settings differ from the checkpoint's ({'; '.join(changed)}); "
                              f"resume with the same settings, or start a new run in another --out_dir")
+        if len(ckpt["rng"]) != world_size:  # each process's random state is saved, and needed
+            n = len(ckpt["rng"])
+            raise UsageError(f"--resume: {ckpt_path} was written by {n} process(es), this run has {world_size}; "
+                             f"resume with {n} (--cpu_procs={n} on a CPU, or torchrun --nproc_per_node={n})")
     log("config: " + " ".join(f"{k}={v!r}" for k, v in c.items()))
     torch.manual_seed(c["seed"])  # the same initial weights in every process
 

@@ -306,6 +306,9 @@ def test_two_processes_stay_in_sync_and_resume_exactly(tmp_path):
     assert first.returncode == 0 and rest.returncode == 0, first.stderr + rest.stderr
     assert {**losses(first.stdout), **losses(rest.stdout)} == losses(p.stdout)
     assert checksums(rest.stdout) == sums
+    one = run_script(*args, "--cpu_procs=1", "--resume", f"--out_dir={part}")
+    assert one.returncode != 0 and "written by 2 process(es), this run has 1" in one.stderr, one.stderr
+    assert "Traceback" not in one.stderr
 
 
 def teacher_outputs(out_dir):
