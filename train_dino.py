@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from nanolap import (DINOHead, UsageError, ViT, all_reduce_mean, check_finite, format_time, load_checkpoint,
                      make_config, parse_args, rng_state, run_main, save_checkpoint, set_rng_state,
                      setup_distributed, teardown_distributed, append_jsonl, clean_state_dict, Config, PRESETS)
-from train_vit import cpu_only, launch_cpu_processes, load_images
+from train_vit import launch_cpu_processes, load_images, print_param_checksum, spawns_cpu_processes
 
 # -----------------------------------------------------------------------------
 # default config: the CPU default (Fashion-MNIST, 2 cores); config/dino_vits16_imagenet.py is the paper's ViT-S/16.
@@ -684,7 +684,7 @@ def evaluate_final(backbone, c, data, feats, seg_sets, device, dtype, num_classe
 def main(argv=None):
     c = parse_args(DEFAULTS, argv)
     check_config(c)
-    if c["cpu_procs"] > 1 and not c["eval_only"] and "RANK" not in os.environ and cpu_only("auto"):
+    if not c["eval_only"] and spawns_cpu_processes(c["cpu_procs"], "auto"):
         return launch_cpu_processes(main, sys.argv[1:] if argv is None else argv, c["cpu_procs"])
     rank, local_rank, world_size, device = setup_distributed()
     master = rank == 0
@@ -895,9 +895,8 @@ def run(c, rank, world_size, device, master, log):
                     f"(sharpen: a lower teacher_temp). A lower lr or a higher momentum_teacher also help.")
             t_last, images_seen, loss_sum, n_loss = time.time(), 0, 0.0, 0
 
-    if world_size > 1:  # every process reports its weights: the ranks of a DDP run must agree exactly
-        checksum = sum(p.double().sum().item() for p in [*student.parameters(), *teacher.parameters()])
-        print(f"rank {rank}/{world_size} param_checksum={checksum:.10e}", flush=True)
+    if world_size > 1:
+        print_param_checksum([*student.parameters(), *teacher.parameters()], rank, world_size)
 
     # ---- final probes
     if end_step < total_steps:

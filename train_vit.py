@@ -416,9 +416,17 @@ def get_lr(step, c, warmup_steps, max_steps):
     return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def cpu_only(device):
-    """Will this run train on the CPU? (--device=auto picks CUDA, then MPS, when present.)"""
-    return device == "cpu" or device == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
+def spawns_cpu_processes(nprocs, device):
+    """Should this run start nprocs CPU processes itself? When more than one is asked for, the run is not
+    already one of torchrun's, and it trains on the CPU (--device=auto picks CUDA, then MPS, when present)."""
+    on_cpu = device == "cpu" or device == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
+    return nprocs > 1 and "RANK" not in os.environ and on_cpu
+
+
+def print_param_checksum(params, rank, world):
+    """Every process of a DDP run reports its weights: the ranks must agree exactly (the tests compare them)."""
+    checksum = sum(p.double().sum().item() for p in params)
+    print(f"rank {rank}/{world} param_checksum={checksum:.10e}", flush=True)
 
 
 def launch_cpu_processes(main, argv, nprocs):
@@ -504,7 +512,7 @@ def main(argv=None):
         raise UsageError(f"--dtype={c.dtype!r}: choose bfloat16, float16 or float32")
 
     # ---- processes and device ----
-    if c.cpu_procs > 1 and "RANK" not in os.environ and cpu_only(c.device):
+    if spawns_cpu_processes(c.cpu_procs, c.device):
         return launch_cpu_processes(main, sys.argv[1:] if argv is None else argv, c.cpu_procs)
     rank, local_rank, world, device = setup_distributed()
     if c.device != "auto":
@@ -743,9 +751,8 @@ def main(argv=None):
                   f"n_lap={n_lap_text} seconds={seconds:.1f} img_per_s={sum(speeds) / max(len(speeds), 1):.0f} "
                   f"data_wait={sum(waits) / max(len(waits), 1):.3f} dataset={c.dataset} epochs={c.epochs} "
                   f"seed={c.seed}")
-    if world > 1:  # every process reports its weights: the ranks of a DDP run must agree exactly
-        checksum = sum(p.double().sum().item() for p in raw_model.parameters())
-        print(f"rank {rank}/{world} param_checksum={checksum:.10e}", flush=True)
+    if world > 1:
+        print_param_checksum(raw_model.parameters(), rank, world)
     if result:
         log(result)
     teardown_distributed()
