@@ -13,6 +13,7 @@ crop_padding = 4
 hflip = True
 three_augment = True
 mixup = 0.8
+random_erasing = 0.0  # DeiT-III dropped DeiT's random erasing
 cutmix = 1.0
 label_smoothing = 0.1
 epochs = 200

@@ -19,6 +19,7 @@ hflip = True
 three_augment = True
 color_jitter = 0.3
 mixup = 0.8
+random_erasing = 0.0  # DeiT-III dropped DeiT's random erasing
 cutmix = 1.0
 label_smoothing = 0.1
 bce_loss = True

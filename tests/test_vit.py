@@ -22,9 +22,10 @@ from nanolap import load_checkpoint, load_model  # noqa: E402
 # a short run on the generated dataset that learns (no label-changing flips of the random patterns)
 PLAIN = ["--dataset=synthetic", "--val_subset=256", "--batch_size=64", "--epochs=3", "--log_interval=8",
          "--crop_padding=0", "--hflip=False"]
-# a tiny run with every random path on (crop, flip, 3-Augment, mixup/cutmix, drop-path): for exact resume
+# a tiny run with every random path on (crop, flip, 3-Augment, mixup/cutmix, erasing, drop-path): for exact resume
 HEAVY = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--batch_size=32", "--epochs=2",
-         "--log_interval=1", "--drop_path=0.1", "--three_augment=True", "--mixup=0.8", "--cutmix=1.0"]
+         "--log_interval=1", "--drop_path=0.1", "--three_augment=True", "--mixup=0.8", "--cutmix=1.0",
+         "--random_erasing=0.25"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
 
 
@@ -205,10 +206,31 @@ def test_three_augment_and_crop():
         assert any(torch.equal(crop[k], padded[k, :, i:i + 28, j:j + 28]) for i in range(5) for j in range(5))
 
 
+def test_random_erasing():
+    torch.manual_seed(0)
+    x = torch.full((2000, 2, 28, 28), 7.0)
+    out = train_vit.random_erasing(x, 0.25)
+    erased = out != 7.0
+    hit = erased.any(dim=(1, 2, 3))
+    assert abs(hit.float().mean().item() - 0.25) < 0.03, "about p of the images get a box"
+    for k in hit.nonzero().flatten()[:200].tolist():
+        rows, cols = erased[k, 0].any(1).nonzero().flatten(), erased[k, 0].any(0).nonzero().flatten()
+        h, w = rows[-1] - rows[0] + 1, cols[-1] - cols[0] + 1
+        box = torch.zeros(28, 28, dtype=torch.bool)
+        box[rows[0]:rows[0] + h, cols[0]:cols[0] + w] = True
+        assert torch.equal(erased[k, 0], box) and torch.equal(erased[k, 1], box), "one rectangle, every channel"
+        assert 0.02 * 784 - 28 <= h * w <= 784 / 3 + 28, "area within the scale range (up to rounding)"
+    area = erased[hit].float().mean(dim=(1, 2, 3))
+    assert abs(area.mean().item() - (0.02 + 1 / 3) / 2) < 0.02, "areas uniform in scale"
+    noise = out[erased]
+    assert abs(noise.mean().item()) < 0.05 and abs(noise.std().item() - 1) < 0.05, "filled with N(0, 1)"
+    assert torch.equal(train_vit.random_erasing(x, 0.0), x)
+
+
 def test_augment_pipeline_is_seeded():
     """Resume relies on this: the same global seed gives the same augmented batch and targets."""
     c = train_vit.SimpleNamespace(**{**train_vit.DEFAULTS, "img_size": 28, "three_augment": True,
-                                     "rand_augment": 2, "mixup": 0.8, "cutmix": 1.0})
+                                     "rand_augment": 2, "mixup": 0.8, "cutmix": 1.0, "random_erasing": 0.5})
     x, y = (torch.rand(16, 1, 28, 28) * 255).to(torch.uint8), torch.randint(0, 10, (16,))
     mixer, mean, std = train_vit.make_mixer(0.8, 1.0, 10), torch.tensor(0.5), torch.tensor(0.25)
     outs = []
@@ -281,6 +303,7 @@ def test_bad_input_messages(tmp_path):
         "resume without checkpoint": ([f"--out_dir={tmp_path}/empty", "--resume"], "--resume: no checkpoint"),
         "bad optimizer": (["--dataset=synthetic", "--optimizer=sgd"], "unknown optimizer 'sgd'"),
         "not a ViT preset": (["--dataset=synthetic", "--preset=gpt-tiny"], "--preset='gpt-tiny': choose one of"),
+        "erasing not a probability": (["--random_erasing=1.5"], "--random_erasing=1.5: a probability"),
     }
     procs = {name: subprocess.Popen([sys.executable, "train_vit.py", f"--out_dir={tmp_path}/o", *args], cwd=ROOT,
                                     env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
