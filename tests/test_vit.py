@@ -45,6 +45,11 @@ def result(stdout):
     return dict(kv.split("=", 1) for kv in line[-1].split()[1:])
 
 
+def checksums(stdout):
+    """{rank: weight checksum} from a 2-process run's closing lines (their output may interleave)."""
+    return dict(re.findall(r"rank (\d)/2 param_checksum=([-+0-9.]+e[-+]\d+)", stdout))
+
+
 def step_losses(stdout):
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"step (\d+)/\d+ \| loss (\S+)", stdout)}
 
@@ -117,12 +122,12 @@ def test_two_processes_match_one(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--epochs=1", "--crop_padding=0",
-            "--hflip=False", "--drop_path=0.0", "--log_interval=4"]
+            "--hflip=False", "--drop_path=0.0", "--random_erasing=0", "--log_interval=4"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
            "train_vit.py", *args, "--batch_size=32", f"--out_dir={tmp_path / 'ddp'}"]
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    sums = dict(re.findall(r"rank (\d)/2 param_checksum=([-+0-9.]+e[-+]\d+)", p.stdout))
+    sums = checksums(p.stdout)
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], f"ranks diverged: {sums}"
     assert "global batch 64 = 32 x 1 accum x 2 process(es)" in p.stdout
     single = run(args + ["--batch_size=64", f"--out_dir={tmp_path / 'single'}"])
@@ -133,7 +138,7 @@ def test_two_processes_match_one(tmp_path):
     spawned = run(args + ["--cpu_procs=2", "--batch_size=32", f"--out_dir={tmp_path / 'spawned'}"])
     same = ("val_acc", "val_loss", "params", "n_lap", "epochs")
     assert [result(spawned.stdout)[k] for k in same] == [a[k] for k in same] and step_losses(spawned.stdout) == la
-    assert dict(re.findall(r"rank (\d)/2 param_checksum=([-+0-9.]+e[-+]\d+)", spawned.stdout)) == sums
+    assert checksums(spawned.stdout) == sums
 
 
 def test_spawned_processes_exit_when_the_launcher_is_killed(tmp_path):
