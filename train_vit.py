@@ -446,7 +446,8 @@ def get_lr(step, c, warmup_steps, max_steps):
 def spawns_cpu_processes(nprocs, device):
     """Should this run start nprocs CPU processes itself? When more than one is asked for, the run is not
     already one of torchrun's, and it trains on the CPU (--device=auto picks CUDA, then MPS, when present)."""
-    on_cpu = device == "cpu" or device == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available()
+                                 and not torch.backends.mps.is_available())
     return nprocs > 1 and "RANK" not in os.environ and on_cpu
 
 
