@@ -646,7 +646,9 @@ def backbone_config(c, in_chans, drop_path=0.0):
     cfg = make_config(c["model"], n_layer=c["n_layer"], n_head=c["n_head"], n_embd=c["n_embd"],
                       patch_size=c["patch_size"], n_lap=c["n_lap"], img_size=c["global_size"], in_chans=in_chans,
                       num_classes=0, drop_path=drop_path)
-    for key in ("global_size", "local_size") + (("seg_size",) if c["seg_dataset"] != "none" else ()):
+    sizes = ["global_size"] + (["local_size"] if c["local_crops"] else [])  # an unused size is not checked
+    sizes += ["seg_size"] if c["seg_dataset"] != "none" else []
+    for key in sizes:
         if c[key] % cfg.patch_size:
             raise UsageError(f"--{key}={c[key]} is not a multiple of the patch size {cfg.patch_size}")
     return cfg

@@ -374,3 +374,13 @@ def test_bad_inputs_give_clear_errors(tmp_path):
         _, err = p.communicate(timeout=120)
         assert p.returncode != 0, args
         assert message in err and "Traceback" not in err, (args, err)
+
+
+def test_unused_sizes_are_not_checked():
+    """Without local crops (or segmentation) their sizes play no part, so they need not fit the patch size."""
+    c = {**td.DEFAULTS, "local_crops": 0, "local_size": 12, "seg_dataset": "none", "seg_size": 50}
+    assert td.backbone_config(c, in_chans=1).patch_size == 7
+    with pytest.raises(td.UsageError, match="--local_size=12 is not a multiple"):
+        td.backbone_config({**c, "local_crops": 2}, in_chans=1)
+    with pytest.raises(td.UsageError, match="--seg_size=50 is not a multiple"):
+        td.backbone_config({**c, "seg_dataset": "scenes"}, in_chans=1)
