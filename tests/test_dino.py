@@ -351,7 +351,7 @@ def test_collapse_is_detected(tmp_path):
 
 BAD_INPUTS = [
     (["--dataset=mnist"], "unknown dataset 'mnist'"),
-    (["--local_size=12"], "--local_size=12 is not a multiple of the patch size 7"),
+    (["--local_crops=2", "--local_size=12"], "--local_size=12 is not a multiple of the patch size 7"),
     (["--n_lap=5"], "at most n_head=4 Laplacian heads"),
     (["--eval_only=/nonexistent/ckpt.pt"], "no checkpoint at /nonexistent/ckpt.pt"),
     (["--resume", "--out_dir=/nonexistent/run"], "there is no checkpoint at /nonexistent/run/ckpt.pt"),
