@@ -33,6 +33,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import socket
 import sys
 import threading
@@ -455,6 +456,11 @@ def print_param_checksum(params, rank, world):
     """Every process of a DDP run reports its weights: the ranks must agree exactly (the tests compare them)."""
     checksum = sum(p.double().sum().item() for p in params)
     print(f"rank {rank}/{world} param_checksum={checksum:.10e}", flush=True)
+
+
+def read_param_checksums(text):
+    """{rank: checksum string} from the lines print_param_checksum wrote (the ranks' output may interleave)."""
+    return dict(re.findall(r"rank (\d+)/\d+ param_checksum=([-+0-9.]+e[-+]\d+)", text))
 
 
 def launch_cpu_processes(main, argv, nprocs):

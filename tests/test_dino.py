@@ -4,7 +4,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 import train_dino as td  # noqa: E402
 from nanolap import DINOHead, ViT, load_checkpoint, make_config  # noqa: E402
+from train_vit import read_param_checksums  # noqa: E402
 
 spec = importlib.util.spec_from_file_location("scenes_prepare", os.path.join(ROOT, "data", "scenes", "prepare.py"))
 scenes = importlib.util.module_from_spec(spec)
@@ -278,11 +278,6 @@ def test_resume_equals_uninterrupted_run_and_last_layer_freeze(tmp_path):
     assert r.returncode != 0 and "n_lap: 1 -> 0" in r.stderr and "Traceback" not in r.stderr
 
 
-def checksums(stdout):
-    """{rank: weight checksum} from a 2-process run's closing lines (their output may interleave)."""
-    return dict(re.findall(r"rank (\d)/2 param_checksum=([-+0-9.]+e[-+]\d+)", stdout))
-
-
 def test_two_processes_stay_in_sync_and_resume_exactly(tmp_path):
     """torchrun with 2 gloo processes: both ranks end with identical student and teacher weights; plain python
     with --cpu_procs=2 is the same run; a 2-process resume repeats the uninterrupted run."""
@@ -294,18 +289,18 @@ def test_two_processes_stay_in_sync_and_resume_exactly(tmp_path):
                         "train_dino.py", *args, f"--out_dir={tmp_path / 'ddp'}"], cwd=ROOT, capture_output=True,
                        text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    sums = checksums(p.stdout)
+    sums = read_param_checksums(p.stdout)
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], f"ranks diverged: {sums}"
     spawned = run_script(*args, "--cpu_procs=2", f"--out_dir={tmp_path / 'spawned'}")
     assert spawned.returncode == 0, spawned.stderr
-    assert checksums(spawned.stdout) == sums
+    assert read_param_checksums(spawned.stdout) == sums
     assert losses(spawned.stdout) == losses(p.stdout) and sorted(losses(p.stdout)) == list(range(1, 9))
     part = tmp_path / "part"
     first = run_script(*args, "--cpu_procs=2", "--max_steps=3", f"--out_dir={part}")
     rest = run_script(*args, "--cpu_procs=2", "--resume", f"--out_dir={part}")
     assert first.returncode == 0 and rest.returncode == 0, first.stderr + rest.stderr
     assert {**losses(first.stdout), **losses(rest.stdout)} == losses(p.stdout)
-    assert checksums(rest.stdout) == sums
+    assert read_param_checksums(rest.stdout) == sums
     one = run_script(*args, "--cpu_procs=1", "--resume", f"--out_dir={part}")
     assert one.returncode != 0 and "written by 2 process(es), this run has 1" in one.stderr, one.stderr
     assert "Traceback" not in one.stderr

@@ -45,11 +45,6 @@ def result(stdout):
     return dict(kv.split("=", 1) for kv in line[-1].split()[1:])
 
 
-def checksums(stdout):
-    """{rank: weight checksum} from a 2-process run's closing lines (their output may interleave)."""
-    return dict(re.findall(r"rank (\d)/2 param_checksum=([-+0-9.]+e[-+]\d+)", stdout))
-
-
 def step_losses(stdout):
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"step (\d+)/\d+ \| loss (\S+)", stdout)}
 
@@ -115,6 +110,15 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(heavy_run, tmp_path):
 # distributed
 
 
+def test_param_checksums_are_read_back(capsys):
+    """The DDP tests compare ranks through these lines, so what the printer writes the reader must return."""
+    params = [torch.full((3,), 0.5), torch.tensor([-2.0, 0.25])]
+    for rank in (1, 0):
+        train_vit.print_param_checksum(params, rank, 2)
+    out = capsys.readouterr().out
+    assert train_vit.read_param_checksums("noise\n" + out) == {"0": "-2.5000000000e-01", "1": "-2.5000000000e-01"}
+
+
 def test_two_processes_match_one(tmp_path):
     """Two gloo processes with batch 32 each = one process with batch 64 (no augmentation randomness), and
     both ranks end with identical weights; plain python with --cpu_procs=2 is the same run as torchrun's."""
@@ -127,7 +131,7 @@ def test_two_processes_match_one(tmp_path):
            "train_vit.py", *args, "--batch_size=32", f"--out_dir={tmp_path / 'ddp'}"]
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    sums = checksums(p.stdout)
+    sums = train_vit.read_param_checksums(p.stdout)
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], f"ranks diverged: {sums}"
     assert "global batch 64 = 32 x 1 accum x 2 process(es)" in p.stdout
     single = run(args + ["--batch_size=64", f"--out_dir={tmp_path / 'single'}"])
@@ -138,7 +142,7 @@ def test_two_processes_match_one(tmp_path):
     spawned = run(args + ["--cpu_procs=2", "--batch_size=32", f"--out_dir={tmp_path / 'spawned'}"])
     same = ("val_acc", "val_loss", "params", "n_lap", "epochs")
     assert [result(spawned.stdout)[k] for k in same] == [a[k] for k in same] and step_losses(spawned.stdout) == la
-    assert checksums(spawned.stdout) == sums
+    assert train_vit.read_param_checksums(spawned.stdout) == sums
 
 
 def test_spawned_processes_exit_when_the_launcher_is_killed(tmp_path):
