@@ -1,4 +1,4 @@
-# DINO ViT-S/16 on ImageNet-1k: facebookresearch/dino's ViT-S recipe with the paper's 50 epochs (PAPER.md).
+# DINO ViT-S/16 on ImageNet-1k: facebookresearch/dino's ViT-S recipe with the paper's 50 epochs.
 # Values the paper does not state are DINO's published ViT-S defaults. Unverified on GPU in this repo.
 #   torchrun --standalone --nproc_per_node=8 train_dino.py config/dino_vits16_imagenet.py --data_dir=/path/to/imagenet --n_lap=3
 # data_dir holds train/ and val/ with one folder per class. The paper tries n_lap in {1, 3, 5, 6} (of 6 heads).
@@ -7,8 +7,8 @@ data_dir = "/path/to/imagenet"
 out_dir = "out-dino-vits16"
 num_workers = 10
 imagefolder_base = 256
-model = "vit-s"
-n_embd = None  # the preset's 384 (the CPU default overrides it)
+preset = "vit-s"
+n_embd = None  # the preset's 384
 patch_size = None  # the preset's 16
 n_lap = 3
 drop_path = 0.1

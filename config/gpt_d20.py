@@ -5,7 +5,7 @@
 #   torchrun --standalone --nproc_per_node=8 train_gpt.py config/gpt_d20.py --n_lap=5
 # With fewer GPUs gradient accumulation keeps the 524288-token batch; on smaller GPUs lower batch_size.
 dataset = "fineweb_edu"
-model = "gpt-d20"
+preset = "gpt-d20"
 block_size = 2048
 batch_size = 32  # sequences per GPU and micro-step
 total_batch_size = 524288  # tokens per optimiser step, as nanochat
@@ -14,7 +14,7 @@ eval_interval = 250
 eval_iters = 10  # 10 x 32 windows x 2048 tokens = 0.66M tokens per split and evaluation, over all GPUs
 log_interval = 10
 n_lap = 5
-compile = True
+compile_model = True
 out_dir = "out-d20"
 prompt = "The capital of France is"
 max_new_tokens = 100

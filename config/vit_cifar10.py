@@ -23,5 +23,5 @@ min_lr = 1e-5
 warmup_epochs = 10.0
 weight_decay = 0.05
 grad_clip = 1.0
-compile = True
+compile_model = True
 log_interval = 20

@@ -1,4 +1,4 @@
-# The paper's supervised recipe (PAPER.md section 2): DeiT-III ViT-B/16 on ImageNet-1k, as in the first
+# The paper's supervised recipe (its section 2): DeiT-III ViT-B/16 on ImageNet-1k, as in the first
 # author's code (QK-norm, LayerScale 1e-6, AdamW 2e-3 at batch 2048, wd 0.05, 5 warmup epochs, 3-Augment,
 # mixup 0.8, cutmix 1.0, label smoothing 0.1, BCE loss, grad clip 1.0), all 12 heads Laplacian.
 #   torchrun --nproc_per_node=8 train_vit.py config/vit_deit3_b.py --data_dir=/data/imagenet
@@ -32,5 +32,5 @@ min_lr = 1e-5
 warmup_epochs = 5.0
 weight_decay = 0.05
 grad_clip = 1.0
-compile = True
+compile_model = True
 log_interval = 100

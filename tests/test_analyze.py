@@ -1,22 +1,30 @@
-"""analyze.py: every metric against a known answer, streaming == all-in-memory, and end-to-end runs on
-tiny checkpoints of each kind (vit, gpt, dino) plus a comparison over several runs."""
+"""analyze.py: every metric against a known answer, streaming == all-in-memory, and end-to-end runs on tiny
+checkpoints of each kind (vit, gpt, dino; in-memory data and ImageNet-style folders) plus a comparison over
+several runs. The run section is executed in this process (runpy) as `python analyze.py ...` would run it; the
+slow tier runs it as a subprocess for the one-line error messages."""
 
+import ast
 import gzip
 import json
 import math
 import os
+import runpy
+import subprocess
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 import analyze  # noqa: E402
+from data import images  # noqa: E402
 from nanolap import UsageError, make_config, build_model, save_checkpoint  # noqa: E402
 
 FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
+SCRIPT = os.path.join(ROOT, "analyze.py")
 
 
 def close(a, b, tol=1e-9):
@@ -29,6 +37,16 @@ def simplex_etf(C, d, scale=1.0, seed=0):
     M = (torch.eye(C) - torch.ones(C, C) / C) * math.sqrt(C / (C - 1))  # rows: the standard simplex ETF in R^C
     Q, _ = torch.linalg.qr(torch.randn(d, C, generator=g, dtype=torch.float64))  # (d, C) orthonormal columns
     return scale * M.double() @ Q.T
+
+
+def run_analyze(*argv):
+    """`python analyze.py ARGV` in this process: the module's run section under __main__ (exceptions propagate)."""
+    old = sys.argv
+    sys.argv = [SCRIPT, *map(str, argv)]
+    try:
+        runpy.run_path(SCRIPT, run_name="__main__")
+    finally:
+        sys.argv = old
 
 
 # -----------------------------------------------------------------------------
@@ -84,14 +102,20 @@ def test_class_anova_and_class_stats_streaming():
     W, b = torch.randn(6, 7, generator=g), torch.randn(6, generator=g)
     ref_anova, ref_nc = analyze.class_anova(x, y), analyze.neural_collapse(x, y, W, b)
     assert close(ref_anova["within_class_frac"] + ref_anova["between_class_frac"], 1.0)
+    # by hand: the class means and the global mean, from the samples
+    mu = torch.stack([x[y == c].double().mean(0) for c in range(6)])
+    assert close(ref_anova["within_class_var"], (x.double() - mu[y]).square().sum(1).mean().item())
+    assert close(ref_anova["between_class_var"], (mu[y] - x.double().mean(0)).square().sum(1).mean().item())
     acc = analyze.ClassStats(6)
     for i in range(0, 200, 33):
         acc.update(x[i: i + 33], y[i: i + 33])
+    acc.update(x[:0], y[:0])  # an empty batch (no position of a window has a frequent target) changes nothing
     for k, v in ref_anova.items():
         assert close(acc.anova()[k], v, 1e-7), k
     got = acc.neural_collapse(W)
     for k in ("nc1", "nc2_equinorm", "nc2_equiangular", "nc2_equinorm_w", "nc2_equiangular_w", "nc3"):
         assert close(got[k], ref_nc[k], 1e-6), (k, got[k], ref_nc[k])
+    assert got["n_samples"] == 200 and got["n_classes"] == 6
 
 
 # -----------------------------------------------------------------------------
@@ -125,7 +149,7 @@ def test_k_alpha_hand_and_rank():
         for a in (0.5, 0.9, 0.99, 1.0):
             assert (analyze.k_alpha(lam, a) <= r).all()
         assert (analyze.k_alpha(lam, 1.0) == r).all()
-    # the eigenvalues are those of X~^T X~
+    # the eigenvalues are those of X~^T X~, whichever Gram matrix is used (T > d here, T < d above)
     h = torch.randn(2, 7, 5, generator=g, dtype=torch.float64)
     xc = h - h.mean(1, keepdim=True)
     ref = torch.linalg.eigvalsh(xc.transpose(1, 2) @ xc).flip(-1)
@@ -173,6 +197,18 @@ def test_neural_collapse_on_random_features_is_not():
     assert nc["nc2_equinorm"] > 0.05 and nc["nc2_equiangular"] > 0.05
 
 
+def test_nc_metrics_by_hand():
+    # two classes on a line, means -1 and +3 (mu_G = 1, M = [[-2], [2]]), within-class variance 0.5:
+    # Sigma_B = M^T M / 2 = 4, NC1 = Tr(Sigma_W Sigma_B^+) / C = (0.5 / 4) / 2; equal norms; cos = -1 = -1/(C-1)
+    nc = analyze.nc_metrics(torch.tensor([[-1.0], [3.0]]), torch.tensor([[0.5]]), W=torch.tensor([[-1.0], [1.0]]))
+    assert nc["nc1"] == pytest.approx(0.0625) and nc["nc2_equinorm"] == pytest.approx(0, abs=1e-12)
+    assert nc["nc2_equiangular"] == pytest.approx(0, abs=1e-12) and nc["nc3"] == pytest.approx(0, abs=1e-12)
+    # NC4: a classifier pointing the other way disagrees with the nearest class mean on every sample
+    x, y = torch.tensor([[-1.5], [-0.5], [2.5], [3.5]]), torch.tensor([0, 0, 1, 1])
+    assert analyze.neural_collapse(x, y, W=torch.tensor([[1.0], [-1.0]]))["nc4"] == 1.0
+    assert analyze.neural_collapse(x, y, W=torch.tensor([[-1.0], [1.0]]), b=torch.tensor([0.0, -1.0]))["nc4"] == 0.0
+
+
 def test_etf_projection_sends_classifier_rows_to_vertices():
     W3 = simplex_etf(3, 10, scale=3.0, seed=8) + torch.randn(10, dtype=torch.float64)  # not centred
     xy = analyze.etf_projection(W3, W3, W3.mean(0))
@@ -192,13 +228,40 @@ def test_pca_helpers():
     rgb = analyze.pca_rgb(torch.randn(16, 8, generator=g), (4, 4))
     assert rgb.shape == (4, 4, 3) and rgb.min() >= 0 and rgb.max() <= 1
     assert torch.allclose(rgb.amax((0, 1)), torch.ones(3, dtype=torch.float64))
+    assert analyze.pca_rgb(torch.randn(4, 2, generator=g), (2, 2)).shape == (2, 2, 3)  # fewer than 3 components
     x = torch.randn(50, 2, generator=g) @ torch.randn(2, 6, generator=g)  # rank 2
     xy, ratio = analyze.pca_2d(x)
     assert xy.shape == (50, 2) and sum(ratio) == pytest.approx(1.0)
 
 
 # -----------------------------------------------------------------------------
-# end to end on tiny checkpoints
+# the script: its imports and options
+
+
+def test_imports_no_training_script():
+    """analyze.py reads checkpoints and data through nanolap and data/ only, never through a training script."""
+    tree = ast.parse(open(SCRIPT).read())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    local = {os.path.splitext(f)[0] for f in os.listdir(ROOT) if f.endswith(".py")} | {"data"}
+    assert imported & local == {"nanolap", "data"}
+    assert not any(name.startswith("train_") for name in imported)
+
+
+def test_help_lists_the_options_only(capsys):
+    with pytest.raises(SystemExit) as e:
+        run_analyze("--help")
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    options = [line.split("=")[0].strip() for line in text.splitlines() if line.startswith("  --")]
+    assert options == ["--" + k for k in ("out", "max_samples", "batch_size", "layer", "tokens", "seq_len", "n_targets",
+                                          "etf_classes", "pca_images", "map_images", "device", "seed")]
+    assert "Neural Collapse" in text and "# output folder" in text  # the docstring and the option comments
+
+
+# -----------------------------------------------------------------------------
+# end to end on tiny checkpoints (the contract the training scripts write)
 
 
 def write_idx(path, arr):
@@ -211,7 +274,7 @@ def write_idx(path, arr):
 
 @pytest.fixture(scope="module")
 def fashion_dir(tmp_path_factory):
-    """A tiny Fashion-MNIST in the real file format: the ViT runs load it through train_vit.load_images."""
+    """A tiny Fashion-MNIST in the real file format, read through data.images.load_images."""
     root = tmp_path_factory.mktemp("data")
     d = root / "fashion_mnist"
     d.mkdir()
@@ -229,71 +292,152 @@ def train_pixels(data_dir):
         return np.frombuffer(f.read()[16:], dtype=np.uint8)
 
 
-def make_run(path, kind, n_lap=0, seed=0, metric=None, **cfg):
+def make_run(path, kind, n_lap=0, seed=0, metric=None, in_chans=1, extra=None, pooling="cls", **cfg):
+    """A run folder as the training scripts leave it: ckpt.pt (kind, model_config, model, config, step and, for extra
+    keys such as a ViT's classes/mean/std, `extra`) and log.jsonl with the headline metric."""
     torch.manual_seed(seed)
     if kind == "gpt":
         config = make_config("gpt-tiny", n_layer=2, n_embd=32, n_head=4, vocab_size=50, block_size=32, n_lap=n_lap)
     else:
         config = make_config("vit-tiny", n_layer=2, n_embd=32, n_head=4, n_lap=n_lap, img_size=28, patch_size=7,
-                             num_classes=10 if kind == "vit" else 0)
+                             in_chans=in_chans, num_classes=10 if kind == "vit" else 0, pooling=pooling)
     model = build_model(config)
     if kind == "gpt":  # zero-initialised projections make every block a no-op: give them weights
         for p in model.parameters():
             torch.nn.init.normal_(p, std=0.2)
-    from dataclasses import asdict
     save_checkpoint(dict(kind=kind, model_config=asdict(config), model=model.state_dict(), step=10,
-                         config=dict(cfg, seed=seed, n_lap=n_lap)), os.path.join(path, "ckpt.pt"))
+                         config=dict(cfg, seed=seed, n_lap=n_lap), **(extra or {})), os.path.join(path, "ckpt.pt"))
     name = analyze.FINAL_METRIC[kind][0]
     with open(os.path.join(path, "log.jsonl"), "w") as f:
         f.write(json.dumps({"step": 0, name: 0.1}) + "\n")
         f.write(json.dumps({"step": 10, name: metric if metric is not None else 0.5 + 0.01 * seed}) + "\n")
+        f.write('{"step": 11, "' + name + '": 0.9')  # a line cut short by an interrupted run is skipped
     return str(path)
 
 
 def check_outputs(out, figures):
     files = set(os.listdir(out))
-    for f in figures + ["analysis.json", "summary.md"]:
+    for f in figures + ["analysis.json", "summary.md", "result.txt"]:
         assert f in files, f"{f} missing from {sorted(files)}"
-        assert os.path.getsize(os.path.join(out, f)) > 500 or f.endswith(".md")
+        assert os.path.getsize(os.path.join(out, f)) > 500 or not f.endswith(".png")
     with open(os.path.join(out, "analysis.json")) as f:
         res = json.load(f)  # strict JSON: no NaN
     assert sorted(res["figures"]) == sorted(figures)
     return res
 
 
-def test_end_to_end_vit(tmp_path, fashion_dir, capsys):
-    run = make_run(tmp_path / "vit", "vit", n_lap=2, dataset="fashion_mnist", data_dir=fashion_dir)
-    analyze.main([run, "--max_samples=50", "--batch_size=16", "--pca_images=8", "--etf_classes=[1,4,7]"])
-    vit_figures = ["collapse.png", "anova.png", "spectrum.png", "pca.png", "etf.png"]
-    res = check_outputs(os.path.join(run, "analysis"), vit_figures)
+def result_line(out):
+    line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
+    return dict(kv.split("=", 1) for kv in line.split()[1:])
+
+
+VIT_FIGURES = ["collapse.png", "anova.png", "spectrum.png", "pca.png", "etf.png"]
+
+
+@pytest.fixture
+def figure_texts(monkeypatch):
+    """{PNG name: the panel titles and legend entries of that figure}, recorded as analyze.py saves it."""
+    from matplotlib.figure import Figure
+    texts, savefig = {}, Figure.savefig
+
+    def spy(fig, path, *args, **kwargs):
+        texts[os.path.basename(path)] = dict(titles=[ax.get_title() for ax in fig.axes], legend=[
+            t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()])
+        return savefig(fig, path, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return texts
+
+
+def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
+    stats = dict(classes=[f"c{i}" for i in range(10)], mean=[0.25], std=[0.5])  # train_vit.py stores these
+    run = make_run(tmp_path / "vit", "vit", n_lap=2, dataset="fashion_mnist", data_dir=fashion_dir, extra=stats)
+    run_analyze(run, "--max_samples=30", "--batch_size=16", "--pca_images=4", "--etf_classes=[1,4,7]")
+    res = check_outputs(os.path.join(run, "analysis"), VIT_FIGURES)
     s = res["settings"]
-    assert s["normalisation"]["mean"] == pytest.approx([np.mean(train_pixels(fashion_dir)) / 255])  # train stats
-    assert s["n_samples"] == 50 and s["layer"] == -1 and s["tokens"] == "patch tokens only" and s["pca_images"] == 8
-    assert res["kind"] == "vit" and res["n_lap"] == 2
+    assert s["normalisation"] == {"mean": [0.25], "std": [0.5]}  # the checkpoint's statistics win
+    assert s["n_samples"] == 30 and s["layer"] == -1 and s["tokens"] == "patch tokens only" and s["pca_images"] == 4
+    assert res["kind"] == "vit" and res["n_lap"] == 2 and res["step"] == 10
     assert res["final_metric"] == {"name": "val_acc", "value": 0.5, "step": 10}
     assert sum(res["anova"][k] for k in FRACS) == pytest.approx(1.0)
     lw = res["layerwise"]
     assert len(lw["within_seq_frac"]) == len(lw["cosine"]) == len(lw["anova"]) == 3  # 2 blocks + final norm
-    assert res["anova"] == lw["anova"][-1]
+    assert res["anova"] == lw["anova"][-1] and lw["within_seq_frac"][-1] == res["anova"]["within_seq_frac"]
     for feats in ("pooled", "seq_means"):
         nc = res["nc"][feats]
-        assert nc["n_samples"] == 50 and nc["n_classes"] == 10
+        assert nc["n_samples"] == 30 and nc["n_classes"] == 10
         assert all(nc[k] is not None and nc[k] >= 0 for k in ("nc1", "nc2_equinorm", "nc3", "nc4"))
     assert res["etf"]["classes"] == [1, 4, 7] and len(res["etf"]["pooled"]["class_means_2d"]) == 3
     assert len(res["spectrum"]["lambda_mean"]) == 16  # min(T = 16 patches, d = 32)
     assert all(1 <= res["spectrum"][f"k_{a}"] <= 15 for a in analyze.ALPHAS)  # centred rank <= T - 1
     out = capsys.readouterr().out
-    assert "RESULT kind=vit n_lap=2" in out and "50/50 sequences" in out
-    # with the CLS token and an earlier layer
-    analyze.main([run, "--max_samples=20", "--tokens=all", "--layer=1", f"--out={tmp_path / 'a2'}"])
-    res2 = check_outputs(tmp_path / "a2", vit_figures)
+    r = result_line(out)
+    assert r["kind"] == "vit" and r["n_lap"] == "2" and "30 sequences" in out
+    assert r["within_seq_frac"] == f"{res['anova']['within_seq_frac']:.4f}" and r["nc1"] == f"{res['nc']['pooled']['nc1']:.4g}"
+    assert r["k_0.99"] == f"{res['spectrum']['k_0.99']:.2f}" and r["out"] == os.path.join(run, "analysis")
+    assert open(os.path.join(run, "analysis", "result.txt")).read().startswith("RESULT kind=vit n_lap=2 ")
+    summary = open(os.path.join(run, "analysis", "summary.md")).read()
+    assert "| nc1 (pooled) |" in summary and "| nc1 (seq_means) |" in summary  # CLS pooling: two sets of features
+    assert "| features (pooled) | pooled = CLS token, final norm |" in summary
+    assert figure_texts["etf.png"]["titles"] == ["pooled = CLS token", "seq_means = mean of the patch tokens only"]
+    assert "band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)" in figure_texts["spectrum.png"]["legend"]
+
+
+def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, figure_texts):
+    """Mean pooling of the patch tokens: the pooled features are the token means, so one ETF panel and one set of NC
+    rows, which say so; with --tokens=all the token means include the CLS token and differ again."""
+    run = make_run(tmp_path / "vit", "vit", n_lap=2, pooling="mean", dataset="fashion_mnist", data_dir=fashion_dir)
+    run_analyze(run, "--max_samples=20", "--etf_classes=[1,4,7]")
+    res = check_outputs(os.path.join(run, "analysis"), VIT_FIGURES)
+    assert list(res["nc"]) == ["pooled"] and list(res["etf"]) == ["classes", "classifier_rows_2d", "pooled"]
+    assert res["nc"]["pooled"]["features"] == "pooled = mean of patch tokens, final norm"
+    assert figure_texts["etf.png"]["titles"] == ["pooled = mean of patch tokens"]
+    summary = open(os.path.join(run, "analysis", "summary.md")).read()
+    assert "| features (pooled) | pooled = mean of patch tokens, final norm |" in summary and "seq_means" not in summary
+    run_analyze(run, "--max_samples=20", "--etf_classes=[1,4,7]", "--tokens=all", f"--out={tmp_path / 'all'}")
+    res = check_outputs(tmp_path / "all", VIT_FIGURES)
+    assert res["nc"]["seq_means"]["features"] == "seq_means = mean of the patch tokens and the CLS token, final norm"
+    assert len(figure_texts["etf.png"]["titles"]) == 2 and res["nc"]["pooled"]["nc1"] != res["nc"]["seq_means"]["nc1"]
+
+
+def test_seeds_note():
+    """What the error bars of a comparison stand for, from the number of runs behind each point."""
+    assert analyze.seeds_note([1, 1, 1]) == "1 seed per point, no spread"
+    assert analyze.seeds_note([3, 3]) == "mean +- std over 3 seeds per point"
+    assert analyze.seeds_note([2, 1, 3]) == "mean +- std over 1-3 seeds per point"
+
+
+@pytest.mark.slow
+def test_vit_with_cls_token_and_an_earlier_layer(tmp_path, fashion_dir, capsys):
+    run = make_run(tmp_path / "vit", "vit", n_lap=2, dataset="fashion_mnist", data_dir=fashion_dir)
+    run_analyze(run, "--max_samples=20", "--tokens=all", "--layer=1", f"--out={tmp_path / 'a2'}")
+    res2 = check_outputs(tmp_path / "a2", VIT_FIGURES)
     assert res2["settings"]["tokens"] == "patch tokens and the CLS token"
     assert res2["anova"] == res2["layerwise"]["anova"][0]  # --layer=1: after block 1
     assert len(res2["spectrum"]["lambda_mean"]) == 17
+    assert result_line(capsys.readouterr().out)["within_seq_frac"] == f"{res2['layerwise']['within_seq_frac'][0]:.4f}"
+
+
+def test_eval_images_follow_the_training_scripts(fashion_dir):
+    """ViT: the validation split; DINO: train_dino.py's k-NN images (eval_val of them at global_size), then a fixed
+    subset; normalisation from the checkpoint when it has one, else the dataset's training statistics."""
+    split = images.load_images("fashion_mnist", fashion_dir)
+    cfg = dict(dataset="fashion_mnist", data_dir=fashion_dir, eval_val=20, global_size=28)
+    mc = dict(img_size=28)
+    x, y, names, mean, std = analyze.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 0)
+    knn_x, knn_y = images.load_eval_images(split, "val", 20, 28)
+    assert len(x) == 12 and mean == pytest.approx([np.mean(train_pixels(fashion_dir)) / 255]) and std == split["std"]
+    rows = {t.numpy().tobytes(): int(c) for t, c in zip(knn_x, knn_y)}
+    assert all(rows.get(t.numpy().tobytes()) == int(c) for t, c in zip(x, y))  # every image is a k-NN image
+    x2, y2, *_ = analyze.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 0)
+    assert torch.equal(x, x2) and torch.equal(y, y2)  # a fixed subset
+    x3, *_ = analyze.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 1)
+    assert not torch.equal(x, x3)  # another --seed, another subset
+    xv, yv, names, mean, _ = analyze.eval_images(dict(kind="vit", config=cfg, model_config=mc, mean=[0.3]), 100, 0)
+    assert torch.equal(xv, split["val"][0]) and mean == [0.3] and names == split["classes"]  # all 60, in order
 
 
 def tiny_token_data(tmp_path):
-    """data/tiny/val.bin (uint16) and meta.json in train_gpt.py's format, read through its real loaders."""
+    """data/tiny/val.bin (uint16) and meta.json in the token-dataset format, read through data.text."""
     d = tmp_path / "data" / "tiny"
     d.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -305,8 +449,9 @@ def tiny_token_data(tmp_path):
 
 def test_end_to_end_gpt(tmp_path, capsys):
     data_dir = tiny_token_data(tmp_path)
-    run = make_run(tmp_path / "gpt", "gpt", n_lap=[0, 4], dataset="tiny", data_dir=data_dir, block_size=32)
-    analyze.main([run, "--max_samples=40", "--batch_size=16", "--n_targets=8", f"--out={tmp_path / 'o'}"])
+    run = make_run(tmp_path / "gpt", "gpt", n_lap=[0, 4], dataset="tiny", data_dir=data_dir, block_size=32,
+                   model="gpt-tiny")  # an older option name in the saved config is ignored
+    run_analyze(run, "--max_samples=40", "--batch_size=16", "--n_targets=8", f"--out={tmp_path / 'o'}")
     res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png"])
     s = res["settings"]
     assert s["n_samples"] == 40 and s["seq_len"] == 32 and s["n_targets"] == 8
@@ -317,30 +462,74 @@ def test_end_to_end_gpt(tmp_path, capsys):
     assert 0 < a["target_share"] <= 1 and a["n_tokens"] == round(a["target_share"] * 40 * 32)
     assert res["nc"]["nc1"] > 0 and len(res["spectrum"]["lambda_mean"]) == 32
     assert res["n_lap_label"] == "2 [0, 4]" and res["final_metric"]["name"] == "val_loss"
-    assert len(res["layerwise"]["within_seq_frac"]) == 3
-    assert "RESULT kind=gpt n_lap=2[0,4]" in capsys.readouterr().out
+    assert len(res["layerwise"]["within_seq_frac"]) == 3 and "anova" not in res["layerwise"]
+    r = result_line(capsys.readouterr().out)
+    assert r["kind"] == "gpt" and r["n_lap"] == "2[0,4]" and r["nc1"] == f"{res['nc']['nc1']:.4g}"
+    # the windows: evenly spread, non-overlapping, inputs followed by their next-token targets
+    x, t = analyze.load_windows(data_dir, "tiny", 16, 5)
+    val = np.fromfile(os.path.join(data_dir, "tiny", "val.bin"), dtype=np.uint16)
+    starts = [i * (len(val) - 17) // 4 for i in range(5)]
+    assert x.shape == t.shape == (5, 16) and torch.equal(x[:, 1:], t[:, :-1])
+    assert x[:, 0].tolist() == val[starts].tolist() and starts[-1] + 17 == len(val)
     with pytest.raises(UsageError, match="seq_len"):
-        analyze.main([run, "--seq_len=64"])
-    with pytest.raises(UsageError, match="not prepared"):  # train_gpt's message for missing data
-        analyze.main([make_run(tmp_path / "gpt2", "gpt", dataset="nowhere", data_dir=data_dir)])
+        run_analyze(run, "--seq_len=64")
+    with pytest.raises(UsageError, match="fewer than one window"):
+        analyze.load_windows(data_dir, "tiny", 4000, 5)
+    with pytest.raises(UsageError, match="not prepared"):  # data.text's message for missing data
+        run_analyze(make_run(tmp_path / "gpt2", "gpt", dataset="nowhere", data_dir=data_dir))
 
 
-def test_end_to_end_dino(tmp_path, fashion_dir):
+def test_end_to_end_dino(tmp_path, fashion_dir, capsys):
     run = make_run(tmp_path / "dino", "dino", n_lap=4, dataset="fashion_mnist", data_dir=fashion_dir)
-    analyze.main([run, "--max_samples=30", "--map_images=6", f"--out={tmp_path / 'o'}"])
+    run_analyze(run, "--max_samples=30", "--map_images=6", f"--out={tmp_path / 'o'}")
     res = check_outputs(tmp_path / "o", ["collapse.png", "anova.png", "spectrum.png", "pca_maps.png"])
     assert res["settings"]["map_images"] == 6 and res["settings"]["n_samples"] == 30
     assert "nc" not in res and sum(res["anova"][k] for k in FRACS) == pytest.approx(1.0)
     assert res["final_metric"]["name"] == "knn_acc" and res["n_lap"] == 4
     assert res["settings"]["normalisation"]["mean"] == pytest.approx([np.mean(train_pixels(fashion_dir)) / 255])
+    r = result_line(capsys.readouterr().out)
+    assert r["kind"] == "dino" and "nc1" not in r and list(r) == ["kind", "n_lap", "within_seq_frac", "k_0.9", "k_0.99",
+                                                                 "out"]
 
 
-def test_comparison_over_runs(tmp_path, fashion_dir, capsys):
+def image_folder(root, n_per_class=4, size=36):
+    """root/train/<class>/*.png and root/val/<class>/*.png: an ImageNet-style folder of three colour classes."""
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c, name in enumerate(("red", "green", "blue")):
+            os.makedirs(root / split / name)
+            for i in range(n_per_class):
+                img = rng.integers(0, 80, (size, size, 3), dtype=np.uint8)
+                img[..., c] += 150
+                Image.fromarray(img).save(root / split / name / f"{i}.png")
+    return str(root)
+
+
+@pytest.mark.slow
+def test_end_to_end_image_folders(tmp_path, capsys):
+    """ImageNet-style folders: the ViT decodes its validation subset, DINO its k-NN images; ImageNet statistics."""
+    folder = image_folder(tmp_path / "folder")
+    common = dict(dataset="imagefolder", data_dir=folder, num_workers=0)
+    vit = make_run(tmp_path / "vit", "vit", in_chans=3, **common)
+    dino = make_run(tmp_path / "dino", "dino", in_chans=3, imagefolder_base=40, global_size=28, eval_val=9, **common)
+    run_analyze(vit, "--max_samples=10", "--etf_classes=[0,1,2]")
+    res = check_outputs(os.path.join(vit, "analysis"), VIT_FIGURES)
+    assert res["settings"]["n_samples"] == 10 and res["settings"]["normalisation"]["mean"] == images.IMAGENET_MEAN
+    assert res["nc"]["pooled"]["n_classes"] == 3
+    run_analyze(dino, "--max_samples=100")
+    res = check_outputs(os.path.join(dino, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "pca_maps.png"])
+    assert res["settings"]["n_samples"] == 9  # train_dino.py's eval_val images, all of them
+    assert result_line(capsys.readouterr().out)["kind"] == "dino"
+
+
+@pytest.mark.slow
+def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
     runs = [make_run(tmp_path / f"vit-k{k}-s{s}", "vit", n_lap=k, seed=s, metric=0.6 + 0.1 * k + 0.01 * s,
                      dataset="fashion_mnist", data_dir=fashion_dir) for k, s in ((0, 0), (0, 1), (4, 0))]
     runs.append(make_run(tmp_path / "vit-list", "vit", n_lap=[1, 3], dataset="fashion_mnist", data_dir=fashion_dir))
     out = tmp_path / "cmp"
-    analyze.main(runs + ["--max_samples=20", "--batch_size=20", f"--out={out}"])
+    run_analyze(*runs, "--max_samples=20", "--batch_size=20", f"--out={out}")
     figs = [f"compare_vit_{n}.png" for n in ("metric", "anova", "kalpha", "spectra", "collapse")]
     for f in figs:
         assert os.path.getsize(out / f) > 1000
@@ -357,8 +546,16 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys):
     assert groups["4"]["val_acc"] == {"mean": pytest.approx(1.0), "std": 0.0, "n": 1}
     for g in groups.values():
         assert sum(g[k]["mean"] for k in FRACS) == pytest.approx(1.0)
-    assert "RESULT runs=4 comparisons=vit" in capsys.readouterr().out
+    assert result_line(capsys.readouterr().out) == {"runs": "4", "comparisons": "vit", "out": str(out)}
     assert "| 0 | 2 | 0.605 +- 0.0071 |" in (out / "summary.md").read_text()
+    assert c["spread"] == "mean +- std over 1-2 seeds per point" and "runs; mean +- std over 1-2 seeds per point)" in (
+        out / "summary.md").read_text()
+    for f in ("compare_vit_metric.png", "compare_vit_kalpha.png"):
+        assert figure_texts[f]["titles"][0].endswith("\n(mean $\\pm$ std over 1-2 seeds per point)"), figure_texts[f]
+    one_seed = [make_run(tmp_path / f"one-k{k}", "vit", n_lap=k, dataset="fashion_mnist", data_dir=fashion_dir)
+                for k in (0, 4)]
+    run_analyze(*one_seed, "--max_samples=20", f"--out={tmp_path / 'cmp1'}")
+    assert figure_texts["compare_vit_metric.png"]["titles"][0] == "vit: val_acc vs n_lap\n(1 seed per point, no spread)"
     # settings that differ besides n_lap and seed are reported; paths, seeds and keys not all runs record are not
     configs = [dict(lr=1e-3, seed=0, out_dir="a", epochs=5), dict(lr=2e-3, seed=1, out_dir="b", epochs=5, extra=1)]
     assert analyze.differing_settings(configs) == ["lr"]
@@ -366,27 +563,66 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys):
 
 def test_bad_input(tmp_path, fashion_dir):
     with pytest.raises(UsageError, match="run directories"):
-        analyze.main(["--max_samples=3"])
+        run_analyze("--max_samples=3")
     run = make_run(tmp_path / "v", "vit", dataset="fashion_mnist", data_dir=fashion_dir)
     with pytest.raises(UsageError, match="tokens"):
-        analyze.main([run, "--tokens=cls"])
+        run_analyze(run, "--tokens=cls")
     with pytest.raises(UsageError, match="unknown option"):
-        analyze.main([run, "--colour=red"])
+        run_analyze(run, "--colour=red")
+    with pytest.raises(UsageError, match="expected int"):
+        run_analyze(run, "--max_samples=many")
     with pytest.raises(UsageError, match="layer"):
-        analyze.main([run, "--layer=7", "--max_samples=4"])
+        run_analyze(run, "--layer=7", "--max_samples=4")
     with pytest.raises(UsageError, match="three different class"):
-        analyze.main([run, "--etf_classes=[1,1,2]"])
+        run_analyze(run, "--etf_classes=[1,1,2]")
     with pytest.raises(UsageError, match="not every class occurs"):
-        analyze.main([run, "--etf_classes=[1,2,12]", "--max_samples=20"])
+        run_analyze(run, "--etf_classes=[1,2,12]", "--max_samples=20")
     with pytest.raises(UsageError, match="at least two classes"):
         analyze.neural_collapse(torch.randn(5, 3), torch.zeros(5, dtype=torch.long))
     with pytest.raises(UsageError, match="n_targets"):
-        analyze.main([run, "--n_targets=1"])
+        run_analyze(run, "--n_targets=1")
     with pytest.raises(UsageError, match="no such run directory"):
-        analyze.main([str(tmp_path / "typo")])
+        run_analyze(str(tmp_path / "typo"))
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        analyze.main([str(tmp_path / "empty")])
-    torch.save({"kind": "bert"}, tmp_path / "empty" / "ckpt.pt")
-    with pytest.raises(UsageError, match="unknown checkpoint kind"):
-        analyze.main([str(tmp_path / "empty")])
+        run_analyze(str(tmp_path / "empty"))
+    torch.save({"kind": "bert", "model_config": {}, "model": {}}, tmp_path / "empty" / "ckpt.pt")
+    with pytest.raises(UsageError, match="not a checkpoint of the training scripts.*'bert'"):
+        run_analyze(str(tmp_path / "empty"))
+    torch.save({"kind": "vit"}, tmp_path / "empty" / "ckpt.pt")  # no model, no model_config
+    with pytest.raises(UsageError, match="with model and model_config"):
+        run_analyze(str(tmp_path / "empty"))
+    with open(tmp_path / "empty" / "ckpt.pt", "wb") as f:
+        f.write(open(os.path.join(run, "ckpt.pt"), "rb").read()[:1000])  # a truncated copy
+    with pytest.raises(UsageError, match="damaged or truncated"):
+        run_analyze(str(tmp_path / "empty"))
+    config = tmp_path / "opts.py"  # a config file of `key = value` lines is an option source, not a run
+    config.write_text("tokens = 'cls'\n")
+    with pytest.raises(UsageError, match="tokens"):
+        run_analyze(run, str(config))
+
+
+@pytest.mark.slow
+def test_errors_are_one_line_in_a_subprocess(tmp_path, fashion_dir):
+    """As a user runs it: exit status 1 and one `error: ...` line, no traceback."""
+    run = make_run(tmp_path / "v", "vit", dataset="fashion_mnist", data_dir=fashion_dir)
+    with open(tmp_path / "bad.pt", "wb") as f:
+        f.write(b"not a checkpoint")
+    for args, message in (([str(tmp_path / "typo")], "no such run directory"), ([run, "--layer=9"], "--layer=9"),
+                          ([str(tmp_path / "bad.pt")], "damaged or truncated"), ([run, "--device=tpu"], "choose auto, cpu")):
+        p = subprocess.run([sys.executable, SCRIPT, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and p.stderr.startswith("error: ") and message in p.stderr, (args, p.stderr)
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_end_to_end_subprocess(tmp_path, fashion_dir):
+    """The whole script in its own process, with the default output folder and a config file."""
+    run = make_run(tmp_path / "dino", "dino", n_lap=2, dataset="fashion_mnist", data_dir=fashion_dir)
+    (tmp_path / "small.py").write_text("max_samples = 12\nbatch_size = 5\n")
+    p = subprocess.run([sys.executable, SCRIPT, run, str(tmp_path / "small.py"), "--device=cpu"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert result_line(p.stdout)["out"] == os.path.join(run, "analysis")
+    res = json.loads(open(os.path.join(run, "analysis", "analysis.json")).read())
+    assert res["settings"]["n_samples"] == 12 and "max_samples=12" in p.stdout and "batch_size=5" in p.stdout

