@@ -40,6 +40,7 @@ device = "auto"  # auto = cuda, else cpu (the float64 statistics do not run on M
 seed = 0  # which random subset of the validation split is analysed (the same subset for every run)
 
 ALPHAS = (0.9, 0.99)  # k_alpha thresholds (the paper reports alpha = 0.99)
+ETF_TOKENS = 8  # ViT: tokens per image in the ETF token panel, at the same random positions in every image
 FINAL_METRIC = {"vit": ("val_acc", "higher"), "gpt": ("val_loss", "lower"), "dino": ("knn_acc", "higher")}
 FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
 
@@ -62,8 +63,7 @@ def anova(h, y):
     reported as parts and fractions of TotalVar. After every block, the WithinSeqVar fraction is the layerwise
     within-sequence collapse (GPT windows carry no label: one class, so only that share is reported)."""
     h = h.double()
-    mu_i = h.mean(1)  # (N, d)
-    mu_G = h.reshape(-1, h.shape[-1]).mean(0)  # (d,)
+    mu_i, mu_G = h.mean(1), h.mean((0, 1))  # (N, d) sequence means, (d,) the mean of all tokens
     classes, inverse = y.unique(return_inverse=True)
     mu_y = torch.stack([mu_i[y == c].mean(0) for c in classes])[inverse]  # (N, d): mu_c of each sequence's class
     return _fractions((h - mu_G).square().sum(-1).mean(), within_seq=(h - mu_i[:, None]).square().sum(-1).mean(),
@@ -81,8 +81,7 @@ class AnovaStats:
             d, kw = h.shape[-1], dict(dtype=torch.float64, device=h.device)
             self.shift = h.reshape(-1, d).mean(0)
             self.tok_sum, self.tok_sumsq, self.within_seq = torch.zeros(d, **kw), torch.zeros((), **kw), 0.0
-            self.count, self.mu_sum = torch.zeros(self.C, **kw), torch.zeros(self.C, d, **kw)
-            self.mu_sumsq = torch.zeros(self.C, **kw)
+            self.count, self.mu_sumsq, self.mu_sum = *torch.zeros(2, self.C, **kw), torch.zeros(self.C, d, **kw)
         h = h - self.shift
         mu_i = h.mean(1)  # (B, d)
         self.n_seq, self.n_tok = self.n_seq + h.shape[0], self.n_tok + h.shape[0] * h.shape[1]
@@ -127,8 +126,7 @@ class SpectrumStats:
         self.alphas, self.n, self.sum, self.sumsq, self.k_sum = alphas, 0, 0.0, 0.0, {a: 0.0 for a in alphas}
     def update(self, h):
         lam = seq_spectrum(h.detach())
-        self.n += lam.shape[0]
-        self.sum, self.sumsq = self.sum + lam.sum(0), self.sumsq + lam.square().sum(0)
+        self.n, self.sum, self.sumsq = self.n + len(lam), self.sum + lam.sum(0), self.sumsq + lam.square().sum(0)
         for a in self.alphas:
             self.k_sum[a] += k_alpha(lam, a).double().sum()
     def result(self):
@@ -160,8 +158,7 @@ def nc_metrics(means, sigma_w, W=None):
     M = means.double() - means.double().mean(0)  # (C, d)
     # Sigma_B = U diag(s^2 / C) U^T on its range (U, s of M^T), so NC1 = sum_k u_k^T Sigma_W u_k / s_k^2
     U, s, _ = torch.linalg.svd(M.T, full_matrices=False)
-    keep = s > s.max() * 1e-8
-    U, s = U[:, keep], s[keep]
+    U, s = U[:, s > s.max() * 1e-8], s[s > s.max() * 1e-8]  # the range of M^T
     out = {"nc1": ((U.T @ sigma_w.double() @ U).diagonal() / s.square()).sum().item()}
     off = ~torch.eye(C, dtype=torch.bool)
     equinorm = lambda rows: (rows.norm(dim=1).std() / rows.norm(dim=1).mean()).item()
@@ -219,7 +216,7 @@ def etf_projection(W3, x, center):
     """Simplex-ETF projection (Fisher, Meng, Papyan 2024), x (n, d) -> (n, 2): h -> A Q (h - center), Q = U V^T the
     polar factor (thin SVD) of the classifier rows W3 (3, d) of three classes centred by their mean, A = TRIANGLE.
     The classifier rows land on the vertices; under collapse the classes form tight clusters there. ViT: the pooled
-    features and token means of the images of the --etf_classes, centred by the mean of their class means."""
+    features, token means and tokens of the images of the --etf_classes, centred by the mean of their class means."""
     U, _, Vh = torch.linalg.svd(W3.double() - W3.double().mean(0), full_matrices=False)  # U (3, 3), Vh (3, d)
     return (x.double() - center.double()) @ (U @ Vh).T @ TRIANGLE.T
 
@@ -291,12 +288,12 @@ def layerwise(anovas, cos_sums, n):
 @torch.no_grad()
 def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, batch_size, device):
     """Stream the statistics of images x (N, C, H, W) uint8, normalised as in training ((x / 255 - mean) / std):
-    ANOVA and cosine after every block, the spectrum at `layer`, with a head the pooled features and token means.
-    Keeps the tokens at `layer` of the first n_keep images for the figures (DINO, without head: patch tokens)."""
+    ANOVA and cosine after every block, the spectrum at `layer`; with a head, pooled features, token means and
+    ETF_TOKENS tokens per image (final norm); the tokens at `layer` of the first n_keep images (DINO: patch tokens)."""
     L, cls_head, sel = model.config.n_layer, model.config.num_classes > 0, (lambda h: h[:, 1:] if patch_only else h)
     layer_anova, cos_sum, spec = [AnovaStats(num_classes) for _ in range(L + 1)], [0.0] * (L + 1), SpectrumStats()
     mean, std = (torch.tensor(v, device=device).view(1, -1, 1, 1) for v in (mean, std))
-    keep = dict(kept=[], shown=[], **(dict(pooled=[], seq_means=[]) if cls_head else {}))
+    keep = dict(kept=[], shown=[], **(dict(pooled=[], seq_means=[], tokens=[]) if cls_head else {}))
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
         img = (augment.to_unit(x[s].to(device), model.config.img_size) - mean) / std
         hs = model.forward_features(img, all_layers=True)  # L + 1 tensors (B, 1 + N, d)
@@ -308,6 +305,7 @@ def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, b
         if cls_head:
             keep["pooled"].append(model.pool(hs[-1]).double().cpu())
             keep["seq_means"].append(sel(hs[-1]).double().mean(1).cpu())
+            keep["tokens"].append(sel(hs[-1])[:, subset(sel(hs[-1]).shape[1], ETF_TOKENS, 0)].double().cpu())
         left = n_keep - sum(len(k) for k in keep["kept"])
         if left > 0:
             keep["kept"].append((sel(h) if cls_head else h[:, 1:])[:left].float().cpu())
@@ -322,8 +320,7 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
     (classes: the n_targets most frequent targets of the windows x (n, T)). Returns the results and those targets."""
     L, V = model.config.n_layer, model.config.vocab_size
     counts = torch.bincount(targets.reshape(-1), minlength=V)
-    top = counts.argsort(descending=True)[:n_targets]
-    top = top[counts[top] > 0]
+    top = counts.argsort(descending=True)[:min(n_targets, int(counts.count_nonzero()))]  # targets that occur
     cls_of = torch.full((max(V, int(targets.max()) + 1),), -1, dtype=torch.long)
     cls_of[top] = torch.arange(len(top))
     layer_anova, cos_sum, spec = [AnovaStats(1) for _ in range(L + 1)], [0.0] * (L + 1), SpectrumStats()
@@ -344,7 +341,7 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
             "nc": {k: nc[k] for k in ("nc1", "nc2_equinorm", "nc2_equiangular")}, "spectrum": spec.result()}, top.tolist()
 
 def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
-    """NC1-NC4 with the trained head, on the pooled features and on the token means; the ETF projection."""
+    """NC1-NC4 with the trained head, on the pooled features and token means; the ETF projection of those and of tokens."""
     W, b = (None if p is None else p.detach().double().cpu() for p in (model.head.weight, model.head.bias))
     feats = {"pooled": "pooled = CLS token" if model.config.pooling == "cls" else "pooled = mean of patch tokens",
              "seq_means": f"seq_means = mean of the {res['settings']['tokens']}"}
@@ -353,11 +350,16 @@ def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
     res["nc"] = {k: dict(features=f"{sub}, final norm", **neural_collapse(extra[k], y, W, b)) for k, sub in feats.items()}
     W3, m = W[classes], torch.isin(y, torch.tensor(classes))
     res["etf"], panels = {"classes": classes, "classifier_rows_2d": etf_projection(W3, W3, W3.mean(0)).tolist()}, []
-    for key, sub in feats.items():
-        x, yy = extra[key][m], y[m]
+    tokens = f"tokens = {extra['tokens'].shape[1]} of the {res['settings']['tokens']} of each image"
+    for key, sub in [*feats.items(), ("tokens", tokens)]:
+        x, yy = extra[key][m].flatten(0, -2), y[m].repeat_interleave(extra[key].shape[1] if key == "tokens" else 1)
         xy = etf_projection(W3, x, torch.stack([x[yy == c].mean(0) for c in classes]).mean(0))
-        res["etf"][key] = {"class_means_2d": [xy[yy == c].mean(0).tolist() for c in classes]}
-        panels.append((sub, xy, yy, TRIANGLE.T * torch.tensor(res["etf"][key]["class_means_2d"]).norm(dim=1).mean()))
+        means = torch.stack([xy[yy == c].mean(0) for c in classes])  # (3, 2)
+        r = means.norm(dim=1).mean()  # the mean class radius: the panel's triangle has its vertices there
+        at = (yy[:, None] == torch.tensor(classes)).double() @ TRIANGLE.T  # (n, 2): each point's class vertex at radius 1
+        # vertex_dist: the mean distance of the points to their class's vertex, in vertex radii (0: on the vertices)
+        res["etf"][key] = {"class_means_2d": means.tolist(), "vertex_dist": (xy / r - at).norm(dim=1).mean().item()}
+        panels.append((sub, xy, yy, TRIANGLE.T * r))
     return [fig_scatter(panels, names, classes, title + "\n(triangle: classifier directions, vertices scaled to the "
                         "mean class radius)", os.path.join(out_dir, "etf.png"))]
 
@@ -421,11 +423,10 @@ def fig_scatter(panels, names, classes, title, path, axes_labels=("", "")):  # p
     for ax, (sub, xy, y, tri) in zip(axes[0], panels):
         if tri is not None:
             ax.fill(tri[:, 0], tri[:, 1], fill=False, ls="--", color="gray", lw=1)
-            ax.set_aspect("equal")
         for k, c in enumerate(classes):
             ax.scatter(xy[y == c, 0], xy[y == c, 1], s=5, alpha=0.6, color=plt.cm.tab10(k),
                        label=names[c] if names else str(c))
-        ax.set(title=sub, xlabel=axes_labels[0], ylabel=axes_labels[1])
+        ax.set(title=sub, xlabel=axes_labels[0], ylabel=axes_labels[1], aspect="auto" if tri is None else "equal")
         ax.legend(fontsize=7, markerscale=3, loc="upper left", bbox_to_anchor=(1.0, 1.0) if tri is None else None)
     fig.suptitle(title, fontsize=9)
     return _save(fig, path)
@@ -515,8 +516,7 @@ def _mean_std(values):
 
 def _mean_curve(curves):  # the mean of several runs' curves, cut to the shortest
     n = min(len(c) for c in curves)
-    return torch.tensor([[v if v is not None else float("nan") for v in c[:n]] for c in curves],
-                        dtype=torch.float64).mean(0).tolist()
+    return torch.tensor([[math.nan if v is None else v for v in c[:n]] for c in curves], dtype=torch.float64).mean(0).tolist()
 
 def seeds_note(counts):  # what a comparison's error bars stand for: the runs (seeds) behind each of its points
     n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"

@@ -16,10 +16,9 @@ No extra parameters, one subtraction of extra FLOPs.
 Convention (the first author's code): the trailing `n_lap` heads of a layer, an int or one per layer, are Laplacian.
 """
 
-import ast, json, math, os, random, re, socket, subprocess, sys, threading, time
+import ast, json, math, os, random, re, socket, subprocess, sys, tempfile, threading, time
 from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, fields
-from typing import Union
 
 import torch
 import torch.distributed as dist
@@ -32,7 +31,7 @@ class RMSNorm(nn.Module):  # parameter-free (nanochat)
         return F.rms_norm(x, (x.size(-1),))
 
 def make_norm(config, dim):
-    return nn.LayerNorm(dim, bias=config.bias) if config.norm == "layernorm" else RMSNorm()
+    return nn.LayerNorm(dim, eps=1e-6, bias=config.bias) if config.norm == "layernorm" else RMSNorm()  # eps: timm, DINO
 
 def apply_rope(x, cos, sin):  # x: (B, T, H, D), cos/sin: (1, T, 1, D/2)
     x1, x2 = x.chunk(2, dim=-1)
@@ -125,7 +124,7 @@ class Config:
     n_layer: int = 6
     n_head: int = 4
     n_embd: int = 128
-    n_lap: Union[int, list] = 0  # Laplacian heads per layer (the trailing ones): int or per-layer list
+    n_lap: int | list = 0  # Laplacian heads per layer (the trailing ones): int or per-layer list
     causal: bool = False  # GPT: True
     qk_norm: bool = True  # normalise queries and keys per head (ViT: LayerNorm, GPT: RMSNorm)
     norm: str = "layernorm"  # 'layernorm' (ViT) or 'rmsnorm' (parameter-free, GPT)
@@ -189,7 +188,7 @@ _GPT = dict(model="gpt", causal=True, qk_norm=True, norm="rmsnorm", mlp="relu2",
 _IMAGENET = dict(_VIT, n_layer=12, img_size=224, patch_size=16, in_chans=3)  # ViT-*/16
 PRESETS = {  # the paper's models and small sizes that train on a laptop CPU; any field can be overridden
     "vit-b": dict(_IMAGENET, n_embd=768, n_head=12, num_classes=1000, layerscale=1e-6),  # DeiT-III ViT-B/16
-    "vit-s": dict(_IMAGENET, n_embd=384, n_head=6, num_classes=0),  # DINO ViT-S/16 backbone
+    "vit-s": dict(_IMAGENET, n_embd=384, n_head=6, num_classes=0, layerscale=1e-6),  # the author fork's DeiT-III small (DINO runs)
     "vit-small": dict(_VIT, n_layer=6, n_embd=192, n_head=6, img_size=32, patch_size=4, in_chans=3),
     "vit-tiny": dict(_VIT, n_layer=4, n_embd=96, n_head=4, img_size=28, patch_size=4, in_chans=1),
     # the CPU model: 7x7 patches give 17 tokens instead of 50, and d 64 trains 1.8x faster than 96
@@ -254,7 +253,7 @@ class Trunk(nn.Module):
 
     def init_weights(self):
         """All initialisation lives here.
-        ViT (DeiT/timm): Linear weights, cls/pos embeddings ~ trunc normal(0.02), biases 0; the rest: PyTorch's init.
+        ViT (timm): Linear weights, positions ~ trunc normal(0.02), CLS token ~ N(0, 1e-6), biases 0; the rest: PyTorch's.
         GPT (nanochat): Linear weights ~ N(0, 1/fan_in * min(1, fan_out/fan_in)), embedding ~ N(0, 1); attention/MLP
             output projections and lm_head are zero, so every block, Laplacian or not, is an exact no-op at step 0."""
         gpt = self.config.model == "gpt"
@@ -268,11 +267,11 @@ class Trunk(nn.Module):
                 nn.init.normal_(m.weight, std=1.0)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
-        zero = [p for b in self.blocks for p in (b.attn.proj.weight, b.mlp.proj.weight)] + [self.lm_head.weight] if gpt else []
-        for p in zero:
+        for p in [p for b in self.blocks for p in (b.attn.proj.weight, b.mlp.proj.weight)] + [self.lm_head.weight] if gpt else []:
             nn.init.zeros_(p)
-        for p in [] if gpt else [self.pos_embed, self.cls_token]:
-            nn.init.trunc_normal_(p, std=0.02)
+        if not gpt:  # in a fixed order, so that a seed gives one model
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+            nn.init.normal_(self.cls_token, std=1e-6)
 
 # ---- ViT --------------------------------------------------------------------
 class ViT(Trunk):
@@ -337,9 +336,7 @@ class GPT(Trunk):
         logits = self.lm_head(self.forward_features(idx, explicit)).float()  # (B, T, vocab)
         if self.config.softcap:
             logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
-        if targets is None:
-            return logits
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits if targets is None else (logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1))
 
     def get_attention(self, idx, layer):
         return self.attention_maps(*self._embed(idx), layer)
@@ -366,7 +363,7 @@ class DINOHead(nn.Module):
             nn.init.trunc_normal_(m.weight, std=0.02)
             nn.init.zeros_(m.bias)
         self.mlp = nn.Sequential(*[m for lin in linears for m in (lin, nn.GELU())][:-1])  # no GELU at the end
-        self.weight_v = nn.Parameter(nn.init.trunc_normal_(torch.empty(out_dim, bottleneck_dim), std=0.02))
+        self.weight_v = nn.Parameter(nn.init.kaiming_uniform_(torch.empty(out_dim, bottleneck_dim), a=math.sqrt(5)))  # nn.Linear's, as DINO
         self.weight_g = nn.Parameter(torch.ones(out_dim, 1), requires_grad=not norm_last_layer)
 
     def forward(self, x):
@@ -456,9 +453,9 @@ def install_error_handler():
         rank = int(os.environ.get("RANK", 0))
         if issubclass(kind, KeyboardInterrupt):
             message = "interrupted; the last checkpoint is intact (continue with --resume)"
-        elif issubclass(kind, (UsageError, FileNotFoundError, FloatingPointError, PermissionError)):
+        elif issubclass(kind, (UsageError, OSError, FloatingPointError)):  # OSError: a missing file, a full disk, ...
             message = f"error: {error}"
-        elif not (rank > 0 and dist.is_initialized() and issubclass(kind, RuntimeError)):  # not a lost peer
+        elif not (rank > 0 and issubclass(kind, RuntimeError)):  # not a lost peer (rank 0 says why)
             return sys.__excepthook__(kind, error, tb)
         if rank == 0:
             print(message, file=sys.__stderr__, flush=True)  # torch's process group wraps sys.stderr
@@ -600,8 +597,9 @@ def load_checkpoint(path, context="", map_location="cpu"):
         if "Unsupported global" in str(e):
             raise UsageError(f"{context}{path} holds Python objects, which could run code: it is not loaded") from None
         reason = [line.strip() for line in str(e).split("WeightsUnpickler error:")[-1].splitlines() if line.strip()]
-        raise UsageError(f"{context}{path} cannot be read ({(reason or [type(e).__name__])[0][:100]}): the file is "
-                         f"damaged or truncated (an interrupted copy?); restore it, or start afresh without --resume") from None
+        raise UsageError(f"{context}{path} cannot be read ({(reason or [type(e).__name__])[0].split('. ')[0][:100]}): the file "
+                         f"is damaged or truncated (an interrupted copy?)" + ("; restore it, or start afresh without --resume"
+                         if context.startswith("--resume") else "; restore it")) from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"{context}{path} is not a nanolap checkpoint (a dict of tensors and plain data)")
     return ckpt
@@ -618,15 +616,15 @@ def prepare_out_dir(out_dir, resume):
     try:
         os.makedirs(out_dir, exist_ok=True)
         open(os.path.join(out_dir, ".write-test"), "w").close()
+        os.remove(os.path.join(out_dir, ".write-test"))
     except OSError as e:
         raise UsageError(f"--out_dir={out_dir} cannot be written ({e.strerror or e}); choose another --out_dir") from None
     old = [n for n in ("ckpt.pt", "log.jsonl", "result.txt") if os.path.exists(os.path.join(out_dir, n))]
     if old and not resume:
-        aside = os.path.join(out_dir, time.strftime("previous-%Y%m%d-%H%M%S"))
-        os.makedirs(aside, exist_ok=True)
+        aside = tempfile.mkdtemp(prefix=time.strftime("previous-%Y%m%d-%H%M%S-"), dir=out_dir)  # a new, unique folder
         for name in old:
             os.replace(os.path.join(out_dir, name), os.path.join(aside, name))
-        print(f"note: {out_dir} held an earlier run: its {', '.join(old)} moved to {aside}")
+        print(f"note: {out_dir} held an earlier run: its {', '.join(old)} moved to {aside}", flush=True)
 
 # ---- logging and the RESULT line
 def append_jsonl(path, record):

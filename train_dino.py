@@ -17,12 +17,11 @@ Evaluation of the frozen teacher backbone, against the raw pixels (knn_acc_pixel
 features (DINO's eval_knn.py) at step 0 and every eval_interval steps; at the end a linear probe on the CLS tokens
 of the last blocks and a linear segmentation probe (mIoU) on patch tokens of generated scenes or Oxford-IIIT Pets.
 
-The progress line: loss (DINO's cross-entropy), then this step's schedules lr, wd (weight decay), mom (the teacher's
-EMA momentum) and t_temp (teacher temperature), then t_std, the std of the teacher's outputs across images (near 0:
-collapse, and a warning), and t_ent, their mean softmax entropy / ln(out_dim) (0: one-hot, 1: uniform). A step's
-loss is at least t_ent * ln(out_dim), so it rises early (e.g. 1.7 -> 5.5) while t_temp warms up and centring spreads
-the teacher's targets: that is not divergence. Judge progress by knn_acc at the eval lines; a NaN loss, t_std
-falling towards 0 or t_ent stuck near 0 or 1 mean trouble.
+The progress line: loss (DINO's cross-entropy); this step's lr, wd (weight decay), mom (teacher EMA momentum) and
+t_temp (teacher temperature); t_std, the std of the teacher's outputs across images (near 0: collapse, warned), and
+t_ent, their softmax entropy / ln(out_dim) (0: one-hot, 1: uniform). A step's loss is at least t_ent * ln(out_dim):
+it rises early (e.g. 1.7 -> 5.5) as t_temp warms up and centring spreads the teacher's targets, not a divergence.
+Judge progress by knn_acc at the eval lines; trouble is a NaN loss, t_std falling to 0 or t_ent stuck near 0 or 1.
 
 Where this differs from facebookresearch/dino, and why:
   - Multi-crop runs batched on the device (data/augment.py, torchvision's kernels), seeded by (seed, step,

@@ -9,18 +9,19 @@ on a GPU node (Zhang & Papyan, arXiv 2602.09297, the language-model experiment).
     python train_gpt.py --sample_from=out-gpt/ckpt.pt --prompt="ROMEO:"   # only sample a checkpoint
     torchrun --standalone --nproc_per_node=8 train_gpt.py config/gpt_d20.py   # the paper's d20
 
-Model: nanolap's GPT (nanochat's architecture: RMSNorm, RoPE, QK-norm, ReLU^2, no biases, untied
-embeddings, logit soft-cap, zero-initialised output projections); the trailing n_lap heads of every
-layer are Laplacian. Optimiser (nanochat): Muon for the 2-D matrices of the blocks, AdamW for the token
-embedding and the lm_head; or --optimizer=adamw for everything. The data: data/text.py.
+Model: nanolap's GPT follows the late-2025 karpathy/nanochat: RMSNorm, RoPE (base 10,000), QK-norm, ReLU^2,
+no biases, untied embeddings, logit soft-cap, zero-initialised output projections and lm_head, and a 20% linear
+warm-down. The first author's Laplacian fork (2026) builds on the 2026 nanochat instead: value embeddings,
+sliding-window attention, other init scales (uniform matrices, lm_head N(0, 0.001)), a longer warm-down.
+The trailing n_lap heads of every layer are Laplacian. Optimiser (nanochat): Muon for the 2-D matrices of the
+blocks (q, k and v each on its own), AdamW for the embedding and the lm_head; or --optimizer=adamw for all.
 
-Evaluation every eval_interval steps on fixed windows of the validation split: the loss (nats per
-token) and the bits per byte, sum of nats / (ln 2 * sum of the UTF-8 bytes of the predicted tokens),
-which compares models across tokenizers. One JSON line per evaluation in out_dir/log.jsonl; the
-checkpoint out_dir/ckpt.pt is written atomically after each evaluation. Exact resume: a step's batch
-and dropout masks are pure functions of (seed, step, process), so `--resume` continues exactly as the
-uninterrupted run would have (on CPU equal to the last bit); the checkpoint's options are the base and
-the command line goes on top, but the schedule cannot change (that would not continue the run).
+Evaluation every eval_interval steps on fixed windows of the validation split: the loss (nats per token) and
+the bits per byte, which compares models across tokenizers (see evaluate). One JSON line per evaluation in
+out_dir/log.jsonl; the checkpoint out_dir/ckpt.pt is written atomically after each evaluation. Exact resume:
+a step's batch and dropout masks are pure functions of (seed, step, process), so `--resume` continues exactly
+as the uninterrupted run would have (on CPU to the last bit); the checkpoint's options are the base and the
+command line goes on top, but the schedule cannot change (that would not continue the run). Data: data/text.py.
 """
 
 import json
@@ -94,11 +95,10 @@ top_k = 200  # sample among the k most likely tokens; 0 = no top-k filter
 @torch.no_grad()
 def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, device, autocast=nullcontext(),
              rank=0, world_size=1):
-    """(loss, bits per byte) on n_windows windows spread evenly over `tokens`: the same windows at every
-    evaluation and in every run. loss = mean nats per predicted token; bits per byte = sum of nats /
-    (ln 2 * sum of bytes) over the predicted tokens that stand for text (token_bytes > 0).
-    token_bytes: (vocab,) int64 tensor on device. With several processes each takes every world_size-th
-    window and the sums are added up."""
+    """(loss, bits per byte) on n_windows windows spread evenly over `tokens`: the same windows at every evaluation
+    and in every run. loss = mean nats per predicted token; bits per byte = sum of nats / (ln 2 * sum of UTF-8 bytes)
+    over the predicted tokens that stand for text (token_bytes > 0). token_bytes: (vocab,) int64 tensor on device.
+    With several processes each takes every world_size-th window and the sums are added up."""
     starts = np.linspace(0, len(tokens) - block_size - 1, n_windows).astype(np.int64)[rank::world_size]
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # nats, tokens, nats of text tokens, bytes
     for i in range(0, len(starts), batch_size):
@@ -115,26 +115,27 @@ def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, devi
     return nats / count, text_nats / (math.log(2) * nbytes) if nbytes else float("nan")
 
 def orthogonalize(G, steps=5, eps=1e-7):
-    """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, with
-    the quintic coefficients of Keller Jordan's Muon (also torch.optim.Muon's): fast, and it leaves
-    the singular values spread around 1 rather than exactly 1, which does not hurt training."""
+    """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, for each
+    matrix of a stack G (..., rows, cols), with the quintic coefficients of Keller Jordan's Muon (also
+    torch.optim.Muon's): fast, and the singular values end spread around 1, which does not hurt training."""
     a, b, c = 3.4445, -4.7750, 2.0315
     X = G.bfloat16() if G.is_cuda else G.float()  # bf16 on GPU; CPUs without bf16 units are 20x slower in it
-    if X.size(0) > X.size(1):
-        X = X.T
-    X = X / X.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    if X.size(-2) > X.size(-1):
+        X = X.mT
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
-        A = X @ X.T
+        A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
-    return (X.T if G.size(0) > G.size(1) else X).to(G.dtype)
+    return (X.mT if G.size(-2) > G.size(-1) else X).to(G.dtype)
 
 class Muon(torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton-Schulz (Jordan et al. 2024), for 2-D weight matrices: SGD with
     Nesterov momentum whose update is orthogonalised, scaled by sqrt(max(1, rows / cols)). The same
-    update as torch.optim.Muon, which however always orthogonalises in bfloat16."""
+    update as torch.optim.Muon, which however always orthogonalises in bfloat16. A group with blocks=n
+    holds matrices of n stacked blocks (the fused qkv: q, k, v), each updated as a matrix of its own."""
 
-    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, ns_steps=5):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps))
+    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, ns_steps=5, blocks=1):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps, blocks=blocks))
 
     @torch.no_grad()
     def step(self):
@@ -144,9 +145,9 @@ class Muon(torch.optim.Optimizer):
                     continue
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
                 buf.lerp_(p.grad, 1 - group["momentum"])
-                update = orthogonalize(p.grad.lerp(buf, group["momentum"]), group["ns_steps"])  # Nesterov
+                g = p.grad.lerp(buf, group["momentum"]).view(group["blocks"], -1, p.size(1))  # Nesterov, (blocks, rows, cols)
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"] * max(1.0, p.size(0) / p.size(1)) ** 0.5)
+                p.add_(orthogonalize(g, group["ns_steps"]).view_as(p), alpha=-group["lr"] * max(1.0, g.size(1) / g.size(2)) ** 0.5)
 
 def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas):
     """nanochat (kind 'muon'): Muon for the 2-D matrices inside the blocks, AdamW for the embedding and
@@ -157,13 +158,14 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         groups = [dict(params=list(model.parameters()), lr=lr, weight_decay=weight_decay)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, fused=on_cuda)]
     else:
-        matrices = [p for p in model.blocks.parameters() if p.ndim == 2]
+        qkv = [block.attn.qkv.weight for block in model.blocks]  # q, k and v as three matrices, as nanochat's c_q, c_k, c_v
+        matrices = [p for n, p in model.blocks.named_parameters() if p.ndim == 2 and not n.endswith("qkv.weight")]
         embedding, head = [model.wte.weight], [model.lm_head.weight]
-        assert len(matrices) + 2 == len(list(model.parameters())), "every parameter needs an optimiser"
+        assert len(matrices) + len(qkv) + 2 == len(list(model.parameters())), "every parameter needs an optimiser"
         scale = (model.config.n_embd / 768) ** -0.5
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
-                      Muon(matrices, lr=matrix_lr, momentum=0.95, weight_decay=weight_decay)]
+                      Muon([dict(params=matrices), dict(params=qkv, blocks=3)], lr=matrix_lr, weight_decay=weight_decay)]
     for opt in optimizers:
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
@@ -182,8 +184,7 @@ def get_lr_multiplier(step, max_iters, warmup_iters, warmdown_frac, final_lr_fra
 
 def get_muon_momentum(step):
     """Muon's momentum rises from 0.85 to 0.95 over the first 300 steps (nanochat)."""
-    frac = min(step / 300, 1.0)
-    return (1 - frac) * 0.85 + frac * 0.95
+    return 0.85 + 0.10 * min(step / 300, 1.0)
 
 @torch.no_grad()
 def sample(model, tokenizer, prompt, num_samples, max_new_tokens, temperature, top_k, seed, device):
@@ -197,8 +198,7 @@ def sample(model, tokenizer, prompt, num_samples, max_new_tokens, temperature, t
     for _ in range(num_samples):
         out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None, generator=generator)
         texts.append(tokenizer.decode(out[0].tolist()))
-        print(texts[-1])
-        print("-" * 80)
+        print(texts[-1] + "\n" + "-" * 80)
     return texts
 
 def sample_checkpoint(path, device, prompt, num_samples, max_new_tokens, temperature, top_k, seed):

@@ -63,6 +63,7 @@ layerscale = None  # LayerScale init (DeiT-III: 1e-6, it steadies deep models); 
 qk_norm = None  # normalise queries and keys per head (the paper's ViTs: True); keeps attention logits bounded
 # augmentation (on the device, per image, batched)
 crop_padding = 0  # random crop after zero-padding by this many pixels (CIFAR: 4); imagefolder: random resized crop
+simple_random_crop = False  # imagefolder: DeiT-III's ImageNet-21k crop (resize, crop with 4 px padding), not RRC
 hflip = False  # random horizontal flip: on for natural images; off for Fashion-MNIST, whose items share one orientation
 three_augment = False  # DeiT-III 3-Augment: per image one of grayscale / solarize / blur, then colour jitter
 color_jitter = 0.3  # 3-Augment's brightness/contrast/saturation strength
@@ -72,7 +73,7 @@ random_erasing = 0.25  # probability per image of erasing a random rectangle wit
 mixup = 0.0  # mixup alpha (DeiT-III: 0.8); 0 = off. Pays off on long runs, slows short ones
 cutmix = 0.0  # cutmix alpha (DeiT-III: 1.0); with both on, each batch uses one of the two
 label_smoothing = 0.1  # soften the targets: a confident ViT generalises worse
-bce_loss = False  # DeiT-III: binary cross-entropy, every class present in a mixed image is a positive
+bce_loss = False  # DeiT-III: binary cross-entropy per class, on the same (mixed, smoothed) targets
 # optimisation
 optimizer = "adamw"  # adamw | lamb (LAMB's per-layer trust ratio is for very large batches)
 epochs = 18  # the cosine schedule spans them all; fixed on --resume (use --stop_at_step to stop early)
@@ -120,15 +121,15 @@ def augment_batch(x, y, img_size, mean, std, mixer=None, geometric=True, crop_pa
 
 def compute_loss(logits, y, label_smoothing=0.0, bce=False):
     """Cross-entropy (or DeiT-III's binary cross-entropy) with label smoothing. y: class indices (B,)
-    or soft targets (B, K) from mixup/cutmix."""
+    or soft targets (B, K) from mixup/cutmix. The smoothed mix is timm's mixup_target, which the first author's
+    BCE runs use: lam * smooth(y1) + (1 - lam) * smooth(y2), smooth = 1 - s + s/K on the class, s/K elsewhere.
+    (Official DeiT-III instead makes every mixed class a hard 1 and does not smooth.)"""
     logits = logits.float()
     K = logits.size(-1)
     if y.ndim == 1 and not bce:
         return F.cross_entropy(logits, y, label_smoothing=label_smoothing)
     t = F.one_hot(y, K).float() if y.ndim == 1 else y
-    if bce:
-        t = (t > 0).float()  # DeiT-III: each class present in a mixed image is a positive
-    t = t * (1 - label_smoothing) + label_smoothing / K
+    t = t * (1 - label_smoothing) + label_smoothing / K  # (B, K); smoothing is linear, so mixing commutes with it
     if bce:
         return F.binary_cross_entropy_with_logits(logits, t)
     return -(t * F.log_softmax(logits, dim=-1)).sum(-1).mean()
@@ -279,7 +280,7 @@ if __name__ == "__main__":
     if dataset == "imagefolder":
         img_size = img_size or 224
         train_set, val_set = images.imagefolder_datasets(data_dir, img_size, hflip, rand_augment, rand_magnitude,
-                                                         simple_crop=three_augment)
+                                                         simple_random_crop)
         # --train_subset/--val_subset: a fixed random subset (the folders are sorted by class)
         subset = lambda ds, n: torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))[:n or len(ds)]
         train_data = torch.utils.data.Subset(train_set, subset(train_set, train_subset).tolist())

@@ -9,7 +9,10 @@ preset = "gpt-d20"
 block_size = 2048
 batch_size = 32  # sequences per GPU and micro-step
 total_batch_size = 524288  # tokens per optimiser step, as nanochat
-max_iters = 21400  # 11.2B tokens
+# 21400 steps x 524288 = 11.2B tokens, as the paper: random windows drawn with replacement from the 9.9B
+# tokens of FineWeb-Edu sample-10BT (--shards=99), about 1.13 passes. One pass over more data is not
+# offered: the prepared shards (llm.c's GPT-2 tokenisation of sample-10BT) hold 9.9B tokens.
+max_iters = 21400
 eval_interval = 250
 eval_iters = 10  # 10 x 32 windows x 2048 tokens = 0.66M tokens per split and evaluation, over all GPUs
 log_interval = 10

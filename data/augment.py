@@ -60,15 +60,18 @@ def adjust_hue(x, shift):
 
 
 def resized_crop(x, x0, y0, w, h, size, flip=None):
-    """Crop box (x0, y0, w, h) (pixels, (B,) each, may be fractional) of every image, resized bilinearly to
-    size x size and mirrored where flip (B,) is True: one affine grid_sample for the whole batch."""
+    """Crop box (x0, y0, w, h) (pixels, (B,) each, may be fractional) of every image, resized bicubically (as DINO's
+    RandomResizedCrop) to size x size, mirrored where flip (B,) is True and clamped to [0, 1] (bicubic overshoots):
+    one affine grid_sample for the whole batch. It equals torchvision's crop-then-resize (antialias=False) except
+    within 2 pixels of a box edge inside the image: there its taps read the image's own pixels beyond the box, where
+    torchvision repeats the box's edge pixel; one call for the batch is worth that. (DINO's PIL resize antialiases.)"""
     B, C, H, W = x.shape
     mirror = 1.0 if flip is None else torch.where(flip, -1.0, 1.0)
     theta = torch.zeros(B, 2, 3, device=x.device)  # output [-1, 1]^2 -> the box in input coordinates
     theta[:, 0, 0], theta[:, 0, 2] = mirror * w / W, (2 * x0 + w) / W - 1
     theta[:, 1, 1], theta[:, 1, 2] = h / H, (2 * y0 + h) / H - 1
     grid = F.affine_grid(theta, [B, C, size, size], align_corners=False)
-    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return F.grid_sample(x, grid, mode="bicubic", padding_mode="border", align_corners=False).clamp_(0, 1)
 
 
 def color_jitter(x, strengths, p, rand):
@@ -111,10 +114,11 @@ def adjust(x, name, f):
 
 
 def to_unit(x, img_size):
-    """uint8 images (B, C, H, W) -> floats in [0, 1] at img_size x img_size (resized only if needed)."""
+    """uint8 images (B, C, H, W) -> floats in [0, 1] at img_size x img_size (resized only if needed).
+    Bicubic with antialiasing, as DeiT and timm resize; clamped to [0, 1] like their uint8 (PIL) results."""
     x = x.float().div_(255)
     if x.shape[-1] != img_size:
-        x = F.interpolate(x, size=(img_size, img_size), mode="bilinear", antialias=True)
+        x = F.interpolate(x, size=(img_size, img_size), mode="bicubic", antialias=True).clamp_(0, 1)
     return x
 
 
@@ -213,7 +217,7 @@ class MultiCrop:
         B, C, H, W = x.shape
         rand = lambda *shape: torch.rand(*shape, generator=g).to(x.device)
         # RandomResizedCrop: area fraction in `scale`, aspect ratio log-uniform in [3/4, 4/3], then
-        # a bilinear resize (and the horizontal flip) in one grid_sample
+        # a bicubic resize (and the horizontal flip) in one grid_sample
         area = H * W * (scale[0] + (scale[1] - scale[0]) * rand(B))
         ratio = torch.exp(math.log(3 / 4) + math.log(16 / 9) * rand(B))
         w = torch.sqrt(area * ratio).clamp(max=W)

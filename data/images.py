@@ -137,23 +137,28 @@ def _check_folders(path):
                              f"holding train/ and val/, each with one sub-folder of images per class (ImageNet layout)")
 
 
-def imagefolder_datasets(path, img_size, hflip=True, rand_augment=0, rand_magnitude=9, simple_crop=False):
+def imagefolder_datasets(path, img_size, hflip=True, rand_augment=0, rand_magnitude=9, simple_random_crop=False):
     """ImageNet-style folders path/train/<class>/*.jpg and path/val/<class>/*.jpg as torchvision datasets
     that decode, crop and flip in DataLoader workers and return uint8 (3, img_size, img_size) tensors.
-    Training crop: random resized crop (scale 0.08-1), or with simple_crop DeiT-III's simple random crop
-    (resize, then a random crop with 4 pixels of reflect padding). Validation: resize to img_size/0.875,
-    centre crop. The photometric part of 3-Augment, mixup and cutmix run batched on the device."""
+    Training crop: random resized crop (scale 0.08-1), as DeiT-III and the first author on ImageNet-1k; with
+    simple_random_crop DeiT-III's crop for ImageNet-21k (resize the short side, random crop with 4 pixels of
+    reflect padding). Validation: resize to img_size/0.875, centre crop. Every resize is bicubic, as in DeiT
+    (timm's train.py draws bilinear or bicubic per image by default). The photometric part of 3-Augment, mixup
+    and cutmix run batched on the device."""
     from torchvision import datasets
     from torchvision.transforms import v2
     _check_folders(path)
-    if simple_crop:
-        crop = [v2.Resize(img_size, antialias=True), v2.RandomCrop(img_size, padding=4, padding_mode="reflect")]
+    bicubic = v2.InterpolationMode.BICUBIC
+    if simple_random_crop:
+        crop = [v2.Resize(img_size, bicubic, antialias=True),
+                v2.RandomCrop(img_size, padding=4, padding_mode="reflect")]
     else:
-        crop = [v2.RandomResizedCrop(img_size, scale=(0.08, 1.0), antialias=True)]
+        crop = [v2.RandomResizedCrop(img_size, scale=(0.08, 1.0), interpolation=bicubic, antialias=True)]
     randaug = [v2.RandAugment(rand_augment, rand_magnitude)] if rand_augment else []
     flip = [v2.RandomHorizontalFlip()] if hflip else []
     train_tf = v2.Compose(crop + flip + randaug + [v2.PILToTensor()])
-    val_tf = v2.Compose([v2.Resize(int(img_size / 0.875), antialias=True), v2.CenterCrop(img_size), v2.PILToTensor()])
+    val_tf = v2.Compose([v2.Resize(int(img_size / 0.875), bicubic, antialias=True), v2.CenterCrop(img_size),
+                         v2.PILToTensor()])
     return (datasets.ImageFolder(os.path.join(path, "train"), train_tf),
             datasets.ImageFolder(os.path.join(path, "val"), val_tf))
 

@@ -223,6 +223,34 @@ def test_etf_projection_sends_classifier_rows_to_vertices():
     assert torch.allclose(p, xy[y], atol=1e-2)
 
 
+def test_etf_token_panel_puts_collapsed_tokens_on_the_vertices(tmp_path, figure_texts):
+    """Tokens that sit at their class's classifier direction (plus a shift shared by all, and per-token parts outside
+    the classifier's span) land on their class's vertex of the ETF triangle, in a panel of their own, vertex_dist 0;
+    features unrelated to the classifier do not."""
+    from types import SimpleNamespace
+    W = simplex_etf(4, 12, scale=2.0, seed=3)  # a 4-class classifier; the projection uses 3 of its rows
+    classes, y = [0, 2, 3], torch.tensor([0, 1, 2, 3] * 6)
+    g = torch.Generator().manual_seed(4)
+    noise = torch.randn(24, 5, 12, generator=g, dtype=torch.float64)
+    noise = noise - noise @ torch.linalg.pinv(W) @ W  # orthogonal to every classifier row
+    tokens = 3.0 * W[y, None] + torch.randn(12, generator=g, dtype=torch.float64) + noise  # (24, 5, 12)
+    extra = dict(pooled=torch.randn(24, 12, generator=g, dtype=torch.float64), seq_means=tokens.mean(1), tokens=tokens)
+    model = SimpleNamespace(head=SimpleNamespace(weight=W, bias=None), config=SimpleNamespace(pooling="cls"))
+    res = {"settings": {"tokens": "patch tokens only"}}
+    assert analyze.classifier_analyses(model, extra, y, None, classes, res, "t", str(tmp_path)) == ["etf.png"]
+    assert figure_texts["etf.png"]["titles"] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
+                                                 "tokens = 5 of the patch tokens only of each image"]
+    etf = res["etf"]["tokens"]
+    assert etf["vertex_dist"] == pytest.approx(0, abs=1e-9) and res["etf"]["seq_means"]["vertex_dist"] < 1e-9
+    radius = torch.tensor(etf["class_means_2d"], dtype=torch.float64).norm(dim=1)
+    assert torch.allclose(torch.tensor(etf["class_means_2d"], dtype=torch.float64), analyze.TRIANGLE.T * radius[0])
+    m = torch.isin(y, torch.tensor(classes))
+    xy = analyze.etf_projection(W[classes], tokens[m].flatten(0, 1), tokens[m].mean((0, 1)))  # every single token
+    vertex = analyze.TRIANGLE.T[[classes.index(c) for c in y[m].repeat_interleave(5).tolist()]]
+    assert torch.allclose(xy / radius[0], vertex, atol=1e-9)
+    assert res["etf"]["pooled"]["vertex_dist"] > 0.3  # random features: scattered, not on the vertices
+
+
 def test_pca_helpers():
     g = torch.Generator().manual_seed(10)
     rgb = analyze.pca_rgb(torch.randn(16, 8, generator=g), (4, 4))
@@ -367,6 +395,7 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
         assert nc["n_samples"] == 30 and nc["n_classes"] == 10
         assert all(nc[k] is not None and nc[k] >= 0 for k in ("nc1", "nc2_equinorm", "nc3", "nc4"))
     assert res["etf"]["classes"] == [1, 4, 7] and len(res["etf"]["pooled"]["class_means_2d"]) == 3
+    assert all(res["etf"][k]["vertex_dist"] >= 0 for k in ("pooled", "seq_means", "tokens"))
     assert len(res["spectrum"]["lambda_mean"]) == 16  # min(T = 16 patches, d = 32)
     assert all(1 <= res["spectrum"][f"k_{a}"] <= 15 for a in analyze.ALPHAS)  # centred rank <= T - 1
     out = capsys.readouterr().out
@@ -378,25 +407,27 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     summary = open(os.path.join(run, "analysis", "summary.md")).read()
     assert "| nc1 (pooled) |" in summary and "| nc1 (seq_means) |" in summary  # CLS pooling: two sets of features
     assert "| features (pooled) | pooled = CLS token, final norm |" in summary
-    assert figure_texts["etf.png"]["titles"] == ["pooled = CLS token", "seq_means = mean of the patch tokens only"]
+    assert figure_texts["etf.png"]["titles"] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
+                                                 f"tokens = {analyze.ETF_TOKENS} of the patch tokens only of each image"]
     assert "band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)" in figure_texts["spectrum.png"]["legend"]
 
 
 def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, figure_texts):
-    """Mean pooling of the patch tokens: the pooled features are the token means, so one ETF panel and one set of NC
-    rows, which say so; with --tokens=all the token means include the CLS token and differ again."""
+    """Mean pooling of the patch tokens: the pooled features are the token means, so one ETF panel of them (and one of
+    single tokens) and one set of NC rows, which say so; with --tokens=all the token means include the CLS token."""
     run = make_run(tmp_path / "vit", "vit", n_lap=2, pooling="mean", dataset="fashion_mnist", data_dir=fashion_dir)
     run_analyze(run, "--max_samples=20", "--etf_classes=[1,4,7]")
     res = check_outputs(os.path.join(run, "analysis"), VIT_FIGURES)
-    assert list(res["nc"]) == ["pooled"] and list(res["etf"]) == ["classes", "classifier_rows_2d", "pooled"]
+    assert list(res["nc"]) == ["pooled"] and list(res["etf"]) == ["classes", "classifier_rows_2d", "pooled", "tokens"]
     assert res["nc"]["pooled"]["features"] == "pooled = mean of patch tokens, final norm"
-    assert figure_texts["etf.png"]["titles"] == ["pooled = mean of patch tokens"]
+    assert figure_texts["etf.png"]["titles"] == ["pooled = mean of patch tokens",
+                                                 f"tokens = {analyze.ETF_TOKENS} of the patch tokens only of each image"]
     summary = open(os.path.join(run, "analysis", "summary.md")).read()
     assert "| features (pooled) | pooled = mean of patch tokens, final norm |" in summary and "seq_means" not in summary
     run_analyze(run, "--max_samples=20", "--etf_classes=[1,4,7]", "--tokens=all", f"--out={tmp_path / 'all'}")
     res = check_outputs(tmp_path / "all", VIT_FIGURES)
     assert res["nc"]["seq_means"]["features"] == "seq_means = mean of the patch tokens and the CLS token, final norm"
-    assert len(figure_texts["etf.png"]["titles"]) == 2 and res["nc"]["pooled"]["nc1"] != res["nc"]["seq_means"]["nc1"]
+    assert len(figure_texts["etf.png"]["titles"]) == 3 and res["nc"]["pooled"]["nc1"] != res["nc"]["seq_means"]["nc1"]
 
 
 def test_seeds_note():

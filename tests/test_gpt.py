@@ -270,14 +270,41 @@ def test_muon_matches_torch_optim_muon():
             ours.grad, ref.grad = g.clone(), g.clone()
             for opt in opts:
                 opt.step()
-        # torch.optim.Muon orthogonalises in bfloat16, ours in float32 on CPU: equal up to bf16 rounding
+        # one matrix (blocks=1): torch.optim.Muon orthogonalises in bfloat16, ours in float32 on CPU: equal up to bf16
+        # rounding; the stacked case reduces to this one by the q, k, v test below
         assert (ours - ref).abs().max() < 0.02 * (ours - w).abs().max()
+
+
+def test_muon_updates_q_k_and_v_of_the_fused_qkv_as_three_matrices():
+    """nanochat's c_q, c_k, c_v are three d x d matrices for Muon; the fused qkv (3d x d) must move the same way,
+    not as one matrix (another orthogonalisation, and a step sqrt(3) larger)."""
+    torch.manual_seed(0)
+    d = 32
+    w = torch.randn(3 * d, d)
+    fused, parts = torch.nn.Parameter(w.clone()), [torch.nn.Parameter(b.clone()) for b in w.chunk(3)]
+    one = torch.nn.Parameter(w.clone())  # the fused update of old: one 3d x d matrix
+    opts = [train_gpt.Muon([dict(params=[fused], blocks=3)], lr=0.02, weight_decay=0.1),
+            train_gpt.Muon(parts, lr=0.02, weight_decay=0.1), train_gpt.Muon([one], lr=0.02, weight_decay=0.1)]
+    for momentum in (0.85, 0.9, 0.95):  # the momentum changes between steps, as in training
+        g = torch.randn(3 * d, d)
+        fused.grad, one.grad = g.clone(), g.clone()
+        for part, grad in zip(parts, g.chunk(3)):
+            part.grad = grad.clone()
+        for opt in opts:
+            opt.param_groups[0]["momentum"] = momentum
+            opt.step()
+    torch.testing.assert_close(fused.data, torch.cat([p.data for p in parts]), atol=1e-6, rtol=0)
+    assert (one - fused).abs().max() > 0.1 * (fused - w).abs().max()  # the single matrix moves differently
+    model = build_model(make_config("gpt-tiny", n_layer=2, vocab_size=50))
+    muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95))[1]
+    qkv = [g for g in muon.param_groups if g["blocks"] == 3]
+    assert len(qkv) == 1 and qkv[0]["params"] == [b.attn.qkv.weight for b in model.blocks]
 
 
 def test_optimizer_groups_and_schedules():
     model = build_model(make_config("gpt-tiny", n_layer=2, vocab_size=50))
     adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.1, (0.8, 0.95))
-    assert isinstance(muon, train_gpt.Muon) and all(p.ndim == 2 for p in muon.param_groups[0]["params"])
+    assert isinstance(muon, train_gpt.Muon) and all(p.ndim == 2 for g in muon.param_groups for p in g["params"])
     scale = (128 / 768) ** -0.5
     assert [g["initial_lr"] for g in adamw.param_groups] == pytest.approx([0.004 * scale, 0.2 * scale])
     n_params = sum(len(g["params"]) for opt in (adamw, muon) for g in opt.param_groups)

@@ -163,6 +163,25 @@ def test_paper_presets_have_the_paper_sizes():
     assert 540e6 < d20.num_params() < 580e6  # nanochat d20: ~561M
 
 
+def test_vit_s_preset_is_the_deit3_small_of_the_paper_dino_runs():
+    cfg = make_config("vit-s")  # the first author's deit3_small_*L_patch16_224: QK-norm, LayerScale 1e-6
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.patch_size, cfg.qk_norm, cfg.layerscale) == (12, 384, 6, 16, True, 1e-6)
+    model = build_model(make_config("vit-s", n_layer=1))
+    assert all(torch.equal(ls.gamma, torch.full((384,), 1e-6)) for ls in (model.blocks[0].ls1, model.blocks[0].ls2))
+    assert model.pos_embed.shape == (1, 14 * 14, 384)  # positions for the patches only, not for the CLS token
+
+
+def test_vit_init_follows_timm():
+    torch.manual_seed(0)
+    model = build_model(make_config("vit-small", n_lap=2))
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    assert len(norms) == 6 * 4 + 1 and all(m.eps == 1e-6 for m in norms)  # norm1, norm2, q_norm, k_norm; the last
+    assert model.cls_token.std() < 1e-5 and 0.017 < model.pos_embed.std() < 0.023  # N(0, 1e-6), trunc normal(0.02)
+    torch.manual_seed(0)
+    again = build_model(make_config("vit-small", n_lap=2))  # one seed, one model
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
 @pytest.mark.parametrize("overrides, message", [
     (dict(n_lap=5), "at most n_head"),
     (dict(n_lap=-1), "non-negative"),
@@ -243,6 +262,14 @@ def test_dino_head_weight_norm_and_frozen_norm():
     torch.testing.assert_close(w.norm(dim=-1), torch.ones(64))
     assert not head.weight_g.requires_grad and head.weight_v.requires_grad
     assert nanolap.DINOHead(96, 64, 32, 16, norm_last_layer=False).weight_g.requires_grad
+
+
+def test_dino_head_last_layer_starts_with_nn_linear_init():
+    """DINO keeps nn.Linear's init for the last layer: U(-1/sqrt(256), 1/sqrt(256)), rows of norm ~ 1/sqrt(3) = 0.58
+    (trunc normal(0.02) would give 0.02 * sqrt(256) = 0.32)."""
+    torch.manual_seed(0)
+    v = nanolap.DINOHead(32, out_dim=512, hidden_dim=32, bottleneck_dim=256).weight_v
+    assert abs(v.norm(dim=-1).mean().item() - 3 ** -0.5) < 0.02 and v.abs().max() <= 256 ** -0.5
 
 
 def test_bf16_autocast_runs_on_cpu():

@@ -103,25 +103,50 @@ def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
                                           "dataset", "data_dir", "train_subset", "val_subset", "img_size",
                                           "num_workers", "preset", "n_lap", "n_layer", "n_head", "n_embd",
                                           "patch_size", "mlp_ratio", "pooling", "drop_path", "layerscale", "qk_norm",
-                                          "crop_padding", "hflip", "three_augment", "color_jitter", "rand_augment",
-                                          "rand_magnitude", "random_erasing", "mixup", "cutmix", "label_smoothing",
-                                          "bce_loss", "optimizer", "epochs", "batch_size", "grad_accum", "lr",
-                                          "min_lr", "warmup_epochs", "weight_decay", "beta1", "beta2", "grad_clip",
-                                          "device", "dtype", "compile_model", "cpu_procs", "cpu_threads", "seed"]
+                                          "crop_padding", "simple_random_crop", "hflip", "three_augment",
+                                          "color_jitter", "rand_augment", "rand_magnitude", "random_erasing", "mixup",
+                                          "cutmix", "label_smoothing", "bce_loss", "optimizer", "epochs", "batch_size",
+                                          "grad_accum", "lr", "min_lr", "warmup_epochs", "weight_decay", "beta1",
+                                          "beta2", "grad_clip", "device", "dtype", "compile_model", "cpu_procs",
+                                          "cpu_threads", "seed"]
     assert ("lr", "0.003", "peak learning rate at the global batch; scale it with the global batch") in options
     assert dict((k, v) for k, v, _ in options)["device"] == "'auto'"
 
 # ----------------------------------------------------------------------------- fast: helpers in process
 
 
-@pytest.mark.parametrize("path", ["config/vit_cifar10.py", "config/vit_deit3_b.py"])
-def test_config_files_name_options_and_make_a_model(path):
+PAPER_RECIPE = dict(bce_loss=True, label_smoothing=0.1, mixup=0.8, cutmix=1.0, three_augment=True, color_jitter=0.3,
+                    random_erasing=0.0, qk_norm=True, layerscale=1e-6, lr=2e-3, weight_decay=0.05, warmup_epochs=5.0,
+                    grad_clip=1.0, min_lr=1e-6, epochs=300, optimizer="adamw")
+VIT_B = dict(n_layer=12, n_embd=768, n_head=12, patch_size=16, img_size=192, n_lap=12, layerscale=1e-6)
+
+
+@pytest.mark.parametrize("path, model", [
+    ("config/vit_cifar10.py", dict(n_layer=6, n_embd=192, n_head=6, patch_size=4, img_size=32, n_lap=6,
+                                   num_classes=10)),
+    ("config/vit_deit3_b.py", dict(VIT_B, num_classes=1000)),
+    ("config/vit_cifar100.py", dict(VIT_B, num_classes=100))])
+def test_config_files_name_options_and_make_a_model(path, model):
+    """Each config parses against train_vit.py's options and builds the model it promises; the paper's two
+    (ImageNet-1k, CIFAR-100) carry the author's recipe at a global batch of 2048 on 8 processes and say where
+    every value comes from."""
     options = {k: v for k, v in vars(train_vit).items() if k.islower() and not k.startswith("_")
                and (v is None or isinstance(v, (bool, int, float, str, list)))}
     config = nanolap.parse_args(options, [os.path.join(ROOT, path)])
     assert config["compile_model"] and config["three_augment"] and config["mixup"] == 0.8
-    cfg = nanolap.config_from_options(config, "vit", img_size=config["img_size"] or 32, in_chans=3, num_classes=10)
-    assert cfg.qk_norm and cfg.pooling == "cls" and cfg.n_lap == cfg.n_head
+    native = 224 if config["dataset"] == "imagefolder" else 32  # train_vit.py's img_size=0
+    cfg = nanolap.config_from_options(config, "vit", img_size=config["img_size"] or native, in_chans=3,
+                                      num_classes=model["num_classes"])
+    assert cfg.qk_norm and cfg.pooling == "cls" and {k: getattr(cfg, k) for k in model} == model
+    with torch.device("meta"):  # the shapes without allocating ViT-B's weights
+        params = sum(p.numel() for p in nanolap.build_model(cfg).parameters())
+    if path == "config/vit_cifar10.py":
+        return
+    assert 85e6 < params < 87e6, "ViT-B/16 has about 86M parameters"
+    assert {k: config[k] for k in PAPER_RECIPE} == PAPER_RECIPE and not config["simple_random_crop"]
+    assert config["batch_size"] * config["grad_accum"] * 8 == 2048
+    values = [l for l in open(os.path.join(ROOT, path)) if re.match(r"\w+ = ", l)]
+    assert values and all(re.search(r"  # (paper|author|ours)\b", l) for l in values), "every value names its source"
 
 
 def test_param_checksums_are_read_back(capsys):
@@ -195,6 +220,71 @@ def test_three_augment_and_crop():
         assert any(torch.equal(crop[k], padded[k, :, i:i + 28, j:j + 28]) for i in range(5) for j in range(5))
 
 
+def test_color_jitter_order_is_random_per_image(monkeypatch):
+    """torchvision's ColorJitter applies its ops in a random order, and so does 3-Augment's jitter, per image.
+    With brightness x1.5 (clipping at 1) and contrast x0.5 the two orders differ, and both must occur."""
+    x = (0.2 + 0.7 * torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))).expand(64, -1, -1, -1)
+    B, g = len(x), torch.Generator().manual_seed(1)
+    # the rand source, in the order color_jitter draws: apply (< p), brightness u (1 + 0.5 (2u - 1) = 1.5),
+    # contrast u (0.5), then the order of the two ops per image
+    draws = iter([torch.zeros(B), torch.ones(B), torch.zeros(B), torch.rand(B, 2, generator=g)])
+    out = augment.color_jitter(x, [0.5, 0.5, 0.0, 0.0], 1.0, lambda *shape: next(draws))
+    one = lambda name, f, v: augment.adjust(v, name, torch.full((B,), f))
+    b_then_c = one("contrast", 0.5, one("brightness", 1.5, x))
+    c_then_b = one("brightness", 1.5, one("contrast", 0.5, x))
+    assert not torch.allclose(b_then_c[0], c_then_b[0], atol=1e-3), "the test needs orders that differ"
+    first = ((out - b_then_c).abs() < 1e-6).flatten(1).all(1)
+    second = ((out - c_then_b).abs() < 1e-6).flatten(1).all(1)
+    assert (first | second).all() and 10 < first.sum() < 54, "each image takes one order; both occur"
+    calls = []  # and 3-Augment's jitter is this one: brightness, contrast, saturation, every image
+    monkeypatch.setattr(augment, "color_jitter", lambda v, strengths, p, rand: calls.append((strengths, p)) or v)
+    augment.three_augment(x, 0.3)
+    assert calls == [([0.3, 0.3, 0.3, 0.0], 1.0)]
+
+
+def test_to_unit_resizes_bicubically():
+    """Small datasets at another model resolution are resized on the device as DeiT/timm resize: bicubic with
+    antialiasing (checked up- and downwards), kept in [0, 1]; at the native size nothing is resized."""
+    x = (torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
+    for size in (56, 24):
+        out, u = augment.to_unit(x, size), x.float() / 255
+        bicubic = F.interpolate(u, size=(size, size), mode="bicubic", antialias=True)
+        bilinear = F.interpolate(u, size=(size, size), mode="bilinear", antialias=True)
+        assert torch.allclose(out, bicubic.clamp(0, 1), atol=1e-6) and out.min() >= 0 and out.max() <= 1
+        assert (out - bilinear).abs().max() > 0.05
+    assert torch.equal(augment.to_unit(x, 32), x.float() / 255)
+
+
+def test_imagefolder_crops_and_bicubic_resizing(tmp_path):
+    """Image folders: RandomResizedCrop (scale 0.08-1, bicubic) by default, as for ImageNet-1k; with
+    simple_random_crop DeiT-III's crop for ImageNet-21k: a bicubic resize of the short side, then a random window
+    with 4 px of reflect padding. Validation: bicubic resize to img_size / 0.875, centre crop."""
+    from PIL import Image
+    from torchvision.transforms import v2
+    g = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        os.makedirs(tmp_path / split / "a")
+        Image.fromarray((torch.rand(40, 48, 3, generator=g) * 255).to(torch.uint8).numpy()).save(
+            tmp_path / split / "a" / "0.png")
+    pil = {s: Image.open(tmp_path / s / "a" / "0.png").convert("RGB") for s in ("train", "val")}
+    resize = lambda split, size, mode: v2.functional.pil_to_tensor(v2.functional.resize(pil[split], size, mode))
+    bicubic, bilinear = v2.InterpolationMode.BICUBIC, v2.InterpolationMode.BILINEAR
+    padded = v2.functional.pad(resize("train", 32, bicubic), [4], padding_mode="reflect")  # (3, 40, 46)
+    windows = padded.unfold(1, 32, 1).unfold(2, 32, 1)  # (3, 9, 15, 32, 32): every 32 x 32 window
+    in_windows = lambda crop: bool((windows == crop[:, None, None]).all(0).all(-1).all(-1).any())
+    torch.manual_seed(0)
+    for simple in (False, True):
+        train_set, val_set = images.imagefolder_datasets(str(tmp_path), 32, hflip=False, simple_random_crop=simple)
+        crops = [train_set[0][0] for _ in range(8)]
+        assert [in_windows(c) for c in crops] == [simple] * 8, "SRC: windows of the resized image; RRC: zooms"
+        assert len({c.float().mean().item() for c in crops}) > 1, "a new random crop every time"
+    rrc = images.imagefolder_datasets(str(tmp_path), 32)[0].transform.transforms[0]
+    assert isinstance(rrc, v2.RandomResizedCrop) and rrc.scale == (0.08, 1.0) and rrc.interpolation == bicubic
+    val = val_set[0][0]  # (3, 32, 32)
+    assert torch.equal(val, v2.functional.center_crop(resize("val", 36, bicubic), [32, 32]))
+    assert not torch.equal(val, v2.functional.center_crop(resize("val", 36, bilinear), [32, 32]))
+
+
 def test_random_erasing():
     torch.manual_seed(0)
     x = torch.full((2000, 2, 28, 28), 7.0)
@@ -239,14 +329,35 @@ def test_losses():
     hard = train_vit.compute_loss(logits, y, 0.1)
     soft = train_vit.compute_loss(logits, F.one_hot(y, 5).float(), 0.1)
     assert hard.item() == pytest.approx(soft.item(), abs=1e-6)
+    assert hard.item() == pytest.approx(F.cross_entropy(logits, y, label_smoothing=0.1).item(), abs=1e-6)
     bce = train_vit.compute_loss(logits, y, 0.0, bce=True)
     assert bce.item() == pytest.approx(F.binary_cross_entropy_with_logits(logits, F.one_hot(y, 5).float()).item())
-    mixed = torch.zeros(8, 5)
-    mixed[:, 0], mixed[:, 1] = 0.7, 0.3  # DeiT-III BCE: both mixed classes are positives
-    target = torch.zeros(8, 5)
-    target[:, :2] = 1
-    assert train_vit.compute_loss(logits, mixed, 0.0, bce=True).item() == pytest.approx(
-        F.binary_cross_entropy_with_logits(logits, target).item())
+
+
+def bce_target(logits, y, smoothing):
+    """The target compute_loss gives BCE, read back from the gradient: d mean BCE / dz = (sigmoid(z) - t) / (B K)."""
+    z = logits.clone().requires_grad_()
+    train_vit.compute_loss(z, y, smoothing, bce=True).backward()
+    return torch.sigmoid(logits) - z.grad * logits.numel()
+
+
+def test_bce_targets_are_timm_mixup_targets():
+    """The first author's runs: timm's mixup_target (smooth each one-hot to 1 - s + s/K and s/K, then mix with lam)
+    under BCE, not DeiT-III's hard 1 for every mixed class. Two images, K = 4, lam = 0.7, s = 0.1: on = 0.925,
+    off = 0.025, so 0.7 * 0.925 + 0.3 * 0.025 = 0.655 and 0.3 * 0.925 + 0.7 * 0.025 = 0.295."""
+    torch.manual_seed(0)
+    logits, y, lam = torch.randn(2, 4), torch.tensor([1, 3]), 0.7
+    mixed = lam * F.one_hot(y, 4).float() + (1 - lam) * F.one_hot(y.roll(1, 0), 4).float()  # as make_mixer pairs
+    expected = torch.tensor([[0.025, 0.655, 0.025, 0.295], [0.025, 0.295, 0.025, 0.655]])
+    assert torch.allclose(bce_target(logits, mixed, 0.1), expected, atol=1e-5)
+    assert torch.allclose(bce_target(logits, y, 0.1), torch.tensor([[0.025, 0.925, 0.025, 0.025],
+                                                                     [0.025, 0.025, 0.025, 0.925]]), atol=1e-5)
+    # the real mixer: lam read back from the images (zeros mixed with ones), targets as timm's formula
+    # (y.flip(0) is timm's partner, the same as make_mixer's neighbour for two images)
+    xm, t = augment.make_mixer(0.8, 0.0, 4)(torch.stack([torch.zeros(3, 4, 4), torch.ones(3, 4, 4)]), y)
+    lam = 1 - xm[0].mean()
+    smooth = lambda labels: F.one_hot(labels, 4).float() * 0.9 + 0.025
+    assert torch.allclose(bce_target(logits, t, 0.1), lam * smooth(y) + (1 - lam) * smooth(y.flip(0)), atol=1e-5)
 
 
 def test_lamb_matches_hand_computed_steps():
@@ -451,7 +562,7 @@ def test_imagefolder(tmp_path):
                 Image.fromarray(img).save(tmp_path / "imgs" / split / cls / f"{i}.png")
     p = run(["--dataset=imagefolder", f"--data_dir={tmp_path / 'imgs'}", "--img_size=32", "--patch_size=8",
              "--batch_size=8", "--epochs=2", "--num_workers=1", "--three_augment=True", "--rand_augment=1",
-             "--mixup=0.8", "--log_interval=1", f"--out_dir={tmp_path / 'out'}"])
+             "--simple_random_crop=True", "--mixup=0.8", "--log_interval=1", f"--out_dir={tmp_path / 'out'}"])
     assert "data: imagefolder 24 train / 8 val images, 3x32x32, 2 classes" in p.stdout
     assert "3 steps/epoch, 2 epochs = 6 steps" in p.stdout
     ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))

@@ -1,0 +1,308 @@
+"""Reliability at the edges, as a user meets it: a fresh run started over a finished one and killed, damaged
+checkpoints, an out_dir that cannot be written, temporary files of killed saves, and the CPU launcher killed
+under its processes. Every script runs in its own process, on tiny settings; the tests poll the output and
+the folder, they never sleep for a fixed time. Slow tier: python -m pytest -q -m slow tests/test_faults.py"""
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from nanolap import load_checkpoint  # noqa: E402
+
+# as in a user's shell: stdout buffered when it is not a terminal (this machine's PYTHONUNBUFFERED=1 would hide that)
+ENV = dict({k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+KINDS = ("vit", "gpt", "dino")
+PROGRESS = re.compile(r"^(epoch \d+/\d+ )?step \d+/\d+ \|", re.M)  # a training progress line of any script
+NOISE = ("Traceback", "remote worker", "Connection closed", "Connection reset", "weights_only")
+
+
+def command(kind, data_dir, *extra):
+    """A tiny run of train_<kind>.py on the CPU, in this process (--cpu_procs on the command line wins)."""
+    tiny = {"vit": ["--dataset=synthetic", "--train_subset=256", "--val_subset=128", "--epochs=2", "--batch_size=32",
+                    "--log_interval=1"],
+            "gpt": ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
+                    "--log_interval=1", "--max_new_tokens=0", f"--data_dir={data_dir}", "--dataset=tiny",
+                    "--max_iters=8", "--eval_interval=4"],
+            "dino": ["--dataset=synthetic", "--n_layer=2", "--n_embd=32", "--n_head=2", "--n_lap=1", "--out_dim=64",
+                     "--head_hidden=32", "--head_bottleneck=16", "--train_limit=128", "--batch_size=32",
+                     "--eval_train=128", "--eval_val=64", "--probe_steps=5", "--seg_dataset=none", "--log_interval=1",
+                     "--epochs=2.0", "--eval_interval=100"]}[kind]
+    return [f"train_{kind}.py", "--device=cpu", "--cpu_procs=1", *tiny, *extra]
+
+
+def run(argv, timeout=300):
+    """A script to its end, as a user runs it: (exit status, stdout, stderr)."""
+    p = subprocess.run([sys.executable, *argv], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+class Background:
+    """A script started in the background whose output lines are collected as they come."""
+
+    def __init__(self, argv):
+        self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        self.out, self.err = [], []
+        self.readers = [threading.Thread(target=lambda s=s, lines=lines: lines.extend(s), daemon=True)
+                        for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for t in self.readers:
+            t.start()
+
+    def stdout(self):
+        return "".join(self.out)
+
+    def wait_for(self, condition, what, timeout=180):
+        """Poll until condition() holds; fail when the process ends first or the deadline passes."""
+        deadline = time.time() + timeout
+        while not condition():
+            assert self.proc.poll() is None or condition(), f"the run ended before {what}:\n{''.join(self.err)[-2000:]}"
+            assert time.time() < deadline, f"no {what} within {timeout}s"
+            time.sleep(0.001)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        for t in self.readers:
+            t.join(timeout=60)
+
+
+def temp_files(folder):
+    return [n for n in os.listdir(folder) if n.startswith("ckpt.pt.tmp")]
+
+
+def assert_one_line_error(rc, out, err, *needles):
+    """Exit status != 0, one line on stderr holding every needle, no traceback or process-group noise."""
+    assert rc != 0, out[-2000:]
+    assert len(err.strip().splitlines()) == 1, err[-3000:]
+    assert err.startswith("error: ") and all(n in err for n in needles), err
+    assert not any(n in err for n in NOISE), err
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A tiny character dataset, made by the prepare command a user runs."""
+    root = tmp_path_factory.mktemp("data")
+    r = random.Random(0)
+    words = "the of and to my thou thee lord king love night sweet death crown fair".split()
+    lines = [f"{r.choice(['ROMEO', 'JULIET'])}:\n" + " ".join(r.choice(words) for _ in range(8)) for _ in range(800)]
+    (root / "in.txt").write_text("\n".join(lines))
+    rc, out, err = run(["data/shakespeare_char/prepare.py", f"--input_file={root / 'in.txt'}", f"--out_dir={root / 'tiny'}"])
+    assert rc == 0, err
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):
+    """One finished tiny run of each script: {kind: its out_dir}. Tests copy them, never change them."""
+    runs = {}
+    for kind in KINDS:
+        runs[kind] = str(tmp_path_factory.mktemp(f"finished-{kind}"))
+        rc, out, err = run(command(kind, data_dir, f"--out_dir={runs[kind]}"))
+        assert rc == 0 and "RESULT " in out, err[-3000:]
+    return runs
+
+
+def copy_run(src, dst):
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+# ----------------------------------------------------------------------------- a fresh run over an old one
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_killed_fresh_run_keeps_the_old_run_and_resume_does_not_continue_it(kind, finished, data_dir, tmp_path):
+    """A fresh run in a finished run's folder moves the old files to previous-*/ first; killed before its own first
+    checkpoint, it leaves no ckpt.pt, so --resume refuses in one line instead of continuing the old run."""
+    out_dir = copy_run(finished[kind], tmp_path / "run")
+    old = {n: open(os.path.join(out_dir, n), "rb").read() for n in ("ckpt.pt", "log.jsonl", "result.txt")}
+    # long enough that the first checkpoint comes seconds after the first line we wait for: vit checkpoints
+    # after its first epoch (64 steps), gpt at its end (no evaluation in between), dino after its step-0 k-NN
+    # (no progress line comes before it, so we wait for the data line)
+    longer = {"vit": ["--train_subset=2048"], "gpt": ["--max_iters=500", "--eval_interval=1000"],
+              "dino": ["--train_limit=2048", "--eval_train=2048", "--eval_val=512"]}[kind]
+    first_line = re.compile(r"^backbone: " if kind == "dino" else PROGRESS.pattern, re.M)
+    fresh = Background(command(kind, data_dir, *longer, f"--out_dir={out_dir}"))
+    try:
+        fresh.wait_for(lambda: first_line.search(fresh.stdout()), "a first progress/data line")
+    finally:
+        fresh.kill()
+    assert f"note: {out_dir} held an earlier run" in fresh.stdout()
+    assert not os.path.exists(os.path.join(out_dir, "ckpt.pt")), "the fresh run checkpointed before it was killed"
+    aside = [n for n in os.listdir(out_dir) if n.startswith("previous-")]
+    assert len(aside) == 1
+    for name, content in old.items():  # the old run, byte for byte
+        assert open(os.path.join(out_dir, aside[0], name), "rb").read() == content, name
+    rc, out, err = run(command(kind, data_dir, "--resume", f"--out_dir={out_dir}"))
+    assert_one_line_error(rc, out, err, "no checkpoint at", os.path.join(out_dir, "ckpt.pt"))
+    assert not PROGRESS.search(out)
+
+
+@pytest.mark.slow
+def test_the_note_on_an_earlier_run_comes_first_with_processes(finished, data_dir, tmp_path):
+    """--cpu_procs=2: the launcher moves the earlier run aside before its processes start, and says so first."""
+    out_dir = copy_run(finished["vit"], tmp_path / "run")
+    rc, out, err = run(command("vit", data_dir, "--cpu_procs=2", "--epochs=1", f"--out_dir={out_dir}"))
+    assert rc == 0, err[-2000:]
+    assert out.startswith(f"note: {out_dir} held an earlier run"), out[:2000]
+
+
+# ----------------------------------------------------------------------------- damaged checkpoints
+
+def damage(path, how, real):
+    """Write a damaged checkpoint at path: random bytes, the first half of a real checkpoint, or nothing."""
+    data = {"random": random.Random(0).randbytes(4096), "truncated": real[:len(real) // 2], "empty": b""}[how]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["random", "truncated", "empty"])
+def test_damaged_checkpoints_fail_in_one_line(how, finished, data_dir, tmp_path):
+    """Every command that reads a checkpoint: exit status 1 and one line that names the file, says it is damaged
+    or truncated, and never advises weights_only=False (which would run whatever code the file holds)."""
+    for kind in KINDS:
+        real = open(os.path.join(finished[kind], "ckpt.pt"), "rb").read()
+        run_dir = copy_run(finished[kind], tmp_path / kind)
+        path = damage(os.path.join(run_dir, "ckpt.pt"), how, real)
+        for argv in (command(kind, data_dir, "--resume", f"--out_dir={run_dir}"), ["analyze.py", run_dir]):
+            rc, out, err = run(argv)
+            assert_one_line_error(rc, out, err, path, "damaged or truncated")
+        if kind == "gpt":
+            rc, out, err = run(["train_gpt.py", f"--sample_from={path}", "--device=cpu"])
+            assert_one_line_error(rc, out, err, "--sample_from:", path, "damaged or truncated")
+        if kind == "dino":
+            rc, out, err = run(command("dino", data_dir, f"--eval_only={path}", f"--out_dir={tmp_path / 'probes'}"))
+            assert_one_line_error(rc, out, err, "--eval_only:", path, "damaged or truncated")
+
+
+@pytest.mark.slow
+def test_gpt_resume_skips_a_cut_last_log_line(finished, data_dir, tmp_path):
+    """A log.jsonl whose last line was cut short (a full disk, an interrupted copy): --resume keeps the whole lines."""
+    out_dir = tmp_path / "run"
+    rc, out, err = run(command("gpt", data_dir, "--stop_at_step=4", f"--out_dir={out_dir}"))
+    assert rc == 0, err[-2000:]
+    with open(out_dir / "log.jsonl", "a") as f:
+        f.write('{"step": 5, "val_lo')
+    rc, out, err = run(command("gpt", data_dir, "--resume", f"--out_dir={out_dir}"))
+    assert rc == 0 and "RESULT " in out, err[-2000:]
+    assert [line[:12] for line in open(out_dir / "log.jsonl")] == ['{"step": 0, ', '{"step": 4, ', '{"step": 8, ']
+
+
+# ----------------------------------------------------------------------------- an out_dir that cannot be written
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs", [1, 2])
+@pytest.mark.parametrize("kind", KINDS)
+def test_unwritable_out_dir_fails_in_one_line_before_training(kind, procs, data_dir, tmp_path):
+    """We run as root, and root writes into a folder whatever its mode, so chmod cannot make an out_dir read-only
+    here: /proc refuses new folders, and a folder cannot be made inside a regular file. The check runs before
+    any process starts, so with --cpu_procs=2 too there is one line and no gloo noise from a lost peer."""
+    (tmp_path / "a_file").write_text("not a folder")
+    for bad in ("/proc/nope", str(tmp_path / "a_file" / "sub")):
+        rc, out, err = run(command(kind, data_dir, f"--cpu_procs={procs}", f"--out_dir={bad}"))
+        assert_one_line_error(rc, out, err, f"--out_dir={bad}")
+        assert not PROGRESS.search(out), out
+
+
+# ----------------------------------------------------------------------------- temporary files of killed saves
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_stale_temp_files_are_removed(kind, data_dir, tmp_path):
+    """A ckpt.pt.tmp<pid> left by a killed save disappears at the next checkpoint, of a fresh or a resumed run."""
+    for resume in (False, True):
+        (tmp_path / "ckpt.pt.tmp12345").write_bytes(b"")
+        args = ["--resume"] if resume else ["--stop_at_step=4"]
+        rc, out, err = run(command(kind, data_dir, *args, f"--out_dir={tmp_path}"))
+        assert rc == 0 and ("RESULT " in out) == resume, err[-2000:]
+        assert temp_files(tmp_path) == [] and os.path.isfile(tmp_path / "ckpt.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_kills_while_checkpointing_every_step(kind, data_dir, tmp_path):
+    """A checkpoint after every step, SIGKILL at a few moments once the first one exists: while a temporary file
+    is being written (when the poll catches one), right after a checkpoint, and a few progress lines later. Each
+    time ckpt.pt is whole, --resume runs to the end, and no temporary file is left behind."""
+    every_step = {"vit": ["--ckpt_interval=1"], "gpt": ["--eval_interval=1", "--eval_iters=1", "--max_iters=24"],
+                  "dino": ["--eval_interval=1"]}[kind]
+    out_dir = tmp_path / "run"
+    argv, ckpt = command(kind, data_dir, *every_step, f"--out_dir={out_dir}"), str(out_dir / "ckpt.pt")
+    moments = {"during a save": lambda r: temp_files(out_dir),
+               "after a checkpoint": lambda r: len(PROGRESS.findall(r.stdout())) >= 2,
+               "a few lines later": lambda r: len(PROGRESS.findall(r.stdout())) >= 5}
+    for moment, condition in moments.items():
+        shutil.rmtree(out_dir, ignore_errors=True)
+        training = Background(argv)
+        try:
+            training.wait_for(lambda: os.path.exists(ckpt) or training.proc.poll() is not None, "a first checkpoint")
+            training.wait_for(lambda: condition(training) or training.proc.poll() is not None, moment)
+        finally:
+            training.kill()
+        assert load_checkpoint(ckpt)["kind"] == kind, moment  # the last complete checkpoint
+        rc, out, err = run(argv + ["--resume"])
+        assert rc == 0 and "RESULT " in out, (moment, err[-2000:])
+        assert temp_files(out_dir) == [], moment
+
+
+# ----------------------------------------------------------------------------- the CPU launcher
+
+def children(pid):
+    """(pid, start time) of the processes whose parent is pid, read from /proc (no /proc/<pid>/task/*/children on
+    every kernel)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()  # after "pid (name)"
+        except OSError:
+            continue  # it has just ended
+        if int(fields[1]) == pid:
+            found.append((int(entry), fields[19]))  # the parent pid; the start time tells a reused pid apart
+    return found
+
+
+def alive(pid, start):
+    """Still running: the same process (not a reused pid) and not a zombie waiting to be reaped."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == start and fields[0] != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_processes_end_with_their_killed_launcher(kind, data_dir, tmp_path):
+    """--cpu_procs=2: SIGKILL the launching process (no chance to clean up); its two processes notice that their
+    parent is gone and exit too, instead of training on as orphans."""
+    longer = {"vit": ["--epochs=50"], "gpt": ["--max_iters=5000", "--eval_interval=1000"], "dino": ["--epochs=50"]}[kind]
+    launcher = Background(command(kind, data_dir, "--cpu_procs=2", *longer, f"--out_dir={tmp_path}"))
+    workers = []
+    try:
+        launcher.wait_for(lambda: PROGRESS.search(launcher.stdout()), "a first progress line")
+        workers = children(launcher.proc.pid)
+        assert len(workers) == 2, workers
+    finally:
+        launcher.kill()
+    deadline = time.time() + 60  # they look for their parent once a second
+    try:
+        while any(alive(*w) for w in workers) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(*w) for w in workers), "the processes outlived their launcher"
+    finally:
+        for pid, start in workers:
+            if alive(pid, start):
+                os.kill(pid, signal.SIGKILL)
