@@ -1,0 +1,444 @@
+"""
+The checks of the nanolap exercises (exercises/README.md), one command per exercise:
+
+    python exercises/check.py 2                  # checks your exercises/ex2_laplacian_head.py
+    python exercises/check.py 2 --solution       # checks the reference, exercises/solutions/ex2_laplacian_head.py
+    python exercises/check.py 4 --depth=48       # options go after the number (--key=value); --help lists them
+
+Exercises that ask for code (1, 2, 3, 4, 6, 7) end in PASS or FAIL (exit status 0 or 1). The experiments (5, 8)
+read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is
+part of the exercise.
+"""
+
+import ast
+import importlib.util
+import inspect
+import json
+import math
+import os
+import sys
+import textwrap
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # the repo root: nanolap, data, analyze
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import analyze  # noqa: E402
+import nanolap  # noqa: E402
+from data import augment, images, text  # noqa: E402
+from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
+
+FILES = {1: "ex1_laplacian.py", 2: "ex2_laplacian_head.py", 3: "ex3_first_token.py", 4: "ex4_oversmoothing.py",
+         6: "ex6_gated_heads.py", 7: "ex7_spectrum.py"}  # the exercises that ask for code, and their files
+OPTIONS = {  # each exercise's options (--key=value after the number) and their defaults
+    1: dict(seed=0),
+    2: dict(seed=0),
+    3: dict(seed=0),
+    4: dict(depth=24, n_seq=32, seq_len=17, n_embd=64, n_head=4,  # layers per stack; random sequences of tokens
+            out="out/ex4", figure=True, seed=0),  # figure: draw OUT/collapse.png
+    5: dict(out="out/ex5"),  # the folder of the two runs; analyze.py wrote OUT/analysis/
+    6: dict(steps=600, batch_size=128, lr=3e-3, gate_lr=3e-2,  # steps=0: only test the module and evaluate
+            heads="gated", dataset="fashion_mnist", data_dir="data",  # heads: gated | attention | laplacian
+            val_images=2000, seed=0),
+    7: dict(run="", max_samples=1000, seed=0),  # run: a train_vit.py out_dir; max_samples as given to analyze.py
+    8: dict(out="out/ex8", sample_chars=200, seed=0),  # the folder of the two runs; analyze.py wrote OUT/analysis/
+}
+
+
+def load(number, solution=False):
+    """The student's exercise file (or with solution=True the reference) as a module."""
+    path = os.path.join(HERE, "solutions" if solution else "", FILES[number])
+    spec = importlib.util.spec_from_file_location(f"ex{number}{'_solution' if solution else ''}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def expect(ok, what):
+    """Print one verdict line and return ok."""
+    print(f"  [{'ok' if ok else 'FAIL'}] {what}")
+    return bool(ok)
+
+
+def randomise(module, std, seed):
+    """Give every weight a random value: GPTs start with zero output projections, and the ViT's init (std 0.02)
+    makes P nearly uniform; both would hide mistakes."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return module
+
+# ---- exercise 1: what a Laplacian head ignores ------------------------------------------------------------------
+
+def check_1(ex, seed):
+    torch.manual_seed(seed)
+    model = build_model(make_config("vit-cpu", n_lap=4)).eval()
+    P = model.get_attention(torch.randn(2, 1, 28, 28), layer=1)  # (B, H, T, T) of block 2: 17 tokens
+    L = ex.laplacian(P)  # (B, H, T, T)
+    T, D = P.shape[-1], model.config.n_embd // model.config.n_head
+    v, c = torch.randn(2, 4, T, D), torch.randn(D) * 10  # values (B, H, T, D) and one vector c for every token
+    print(f"P from get_attention: {tuple(P.shape)}, rows sum to 1 (max error {(P.sum(-1) - 1).abs().max():.1e})")
+    ok = expect(L.shape == P.shape, f"laplacian(P) has the shape of P {tuple(P.shape)}")
+    ones = (L @ torch.ones(T, 1)).abs().max().item()
+    ok &= expect(ones < 1e-6, f"(I - P) 1 = 0: max |(I - P) 1| = {ones:.1e}")
+    shift = (L @ (v + c) - L @ v).abs().max().item()
+    ok &= expect(shift < 1e-4, f"Laplacian head, every value + c: its output moves by at most {shift:.1e}")
+    diff = torch.einsum("bhts,bhtsd->bhtd", P, v[:, :, :, None] - v[:, :, None])  # sum_j P_tj (v_t - v_j)
+    err = (L @ v - diff).abs().max().item()
+    ok &= expect(err < 1e-4, f"row t of (I - P) V is sum_j P_tj (v_t - v_j): max error {err:.1e}")
+    passed = (P @ (v + c) - P @ v - c).abs().max().item()  # nanolap's facts, for contrast: no student code below
+    print(f"  attention head, every value + c: its output moves by exactly c (max error {passed:.1e})")
+    attn = randomise(MixedHeadAttention(model.config, n_lap=4), 0.3, seed).eval()  # all heads Laplacian
+    x = torch.randn(2, T, model.config.n_embd)
+    before = attn(x)
+    with torch.no_grad():  # the value bias adds one vector to every token's value projection
+        attn.qkv.bias[2 * model.config.n_embd:] += 10 * torch.randn(model.config.n_embd)
+    print(f"  MixedHeadAttention with 4 of 4 Laplacian heads, value bias + c: output moves by "
+          f"{(attn(x) - before).abs().max():.1e}")
+    return ok
+
+# ---- exercise 2: a Laplacian head from scratch ---------------------------------------------------------------
+
+def body_lines(function):
+    """Lines of code in a function's body: no signature, docstring, comments or blank lines."""
+    source = textwrap.dedent(inspect.getsource(function))
+    body = ast.parse(source).body[0].body
+    if isinstance(body[0], ast.Expr) and isinstance(getattr(body[0].value, "value", None), str):
+        body = body[1:]  # the docstring
+    lines = source.splitlines()[body[0].lineno - 1:body[-1].end_lineno]
+    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+def check_2(ex, seed):
+    n = body_lines(ex.mixed_head_attention)
+    ok = expect(n <= 15, f"mixed_head_attention's body has {n} lines of code (at most 15)")
+    cases = [("vit-cpu", n_lap) for n_lap in (0, 1, 4)] + [("gpt-tiny", n_lap) for n_lap in (0, 2, 4)]
+    for preset, n_lap in cases:  # ViT: biases, LayerNorm on q and k; GPT: causal, no biases, RMSNorm on q and k
+        torch.manual_seed(seed)
+        cfg = make_config(preset, n_lap=n_lap, n_layer=1, vocab_size=10)
+        attn = randomise(MixedHeadAttention(cfg, n_lap), 0.1, seed).eval()
+        x = torch.randn(2, 17, cfg.n_embd)
+        with torch.no_grad():
+            fused, yours = attn(x), ex.mixed_head_attention(attn, x)
+        err = (fused - yours).abs().max().item() if yours.shape == fused.shape else math.inf
+        ok &= expect(err <= 1e-5, f"{preset:8s} causal={str(cfg.causal):5s} n_lap={n_lap} of {cfg.n_head}: "
+                                  f"max |fused - yours| = {err:.1e} (at most 1e-5)")
+    return ok
+
+# ---- exercise 3: the causal case -------------------------------------------------------------------------------
+
+def check_3(ex, seed):
+    ok, idx = True, torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(seed))
+    for n_lap in (0, [0, 2, 4, 1], 4):
+        model = randomise(build_model(make_config("gpt-tiny", n_lap=n_lap, vocab_size=50)), 0.1, seed).eval()
+        with torch.no_grad():
+            full, yours = model(idx)[:, 0], ex.first_position_logits(model, idx)
+        err = (full - yours).abs().max().item() if yours.shape == full.shape else math.inf
+        ok &= expect(err < 1e-4, f"n_lap={n_lap}: max |model(idx)[:, 0] - yours| = {err:.1e}")
+    # nanolap's facts, for contrast: a Laplacian layer gives position 0 nothing, so its attention weights get no
+    # gradient from the prediction made there
+    for n_lap in (0, 4):
+        model = randomise(build_model(make_config("gpt-tiny", n_lap=n_lap, vocab_size=50)), 0.1, seed)
+        attn = model.blocks[0].attn
+        out0 = attn(torch.randn(3, 12, model.config.n_embd))[:, 0]
+        F.cross_entropy(model(idx, explicit=True)[:, 0], idx[:, 1]).backward()  # the first prediction's loss only
+        grad = sum(p.grad.abs().sum() for b in model.blocks for p in b.attn.parameters()).item()
+        zero = "not zero" if out0.any() else "exactly zero"
+        print(f"  n_lap={n_lap} of 4: a block's attention output at position 0 is {zero}; the first prediction's "
+              f"gradient on all attention weights sums to {grad:.3g}")
+    return ok
+
+# ---- exercise 4: depth and oversmoothing ---------------------------------------------------------------------
+
+def collapse_curve(frac, n_lap, residual, depth, n_seq, seq_len, n_embd, n_head, seed):
+    """frac(tokens) after 0..depth layers of attention alone (no MLP, no norm; residual: x + attn(x)) at
+    initialisation. Weights ~ N(0, 1/n_embd) keep the scale of the tokens (nanolap's std 0.02 would shrink them
+    ~40x per layer); every stack sees the same tokens and, layer by layer, the same weights."""
+    cfg = make_config("vit-cpu", n_layer=1, n_embd=n_embd, n_head=n_head, n_lap=n_lap)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_seq, seq_len, n_embd, generator=g)
+    curve = [frac(x)]
+    with torch.no_grad():
+        for _ in range(depth):
+            attn = MixedHeadAttention(cfg, n_lap)
+            for p in attn.parameters():
+                if p.ndim == 2:  # q, k, v and output projections; biases stay 0, the q/k norms 1
+                    p.copy_(torch.randn(p.shape, generator=g) * n_embd ** -0.5)
+            x = attn(x) + (x if residual else 0)
+            curve.append(frac(x))
+    return curve
+
+
+def check_4(ex, depth, n_seq, seq_len, n_embd, n_head, out, figure, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, ok = torch.randn(8, 10, 6, generator=g), True
+    cases = {"random tokens": x, "shifted sequences": x + 5 * torch.randn(8, 1, 6, generator=g),
+             "identical tokens in each sequence": torch.randn(8, 1, 6, generator=g).expand(8, 10, 6)}
+    for name, h in cases.items():
+        want, got = analyze.anova(h, torch.zeros(8, dtype=torch.long))["within_seq_frac"], ex.within_seq_frac(h)
+        ok &= expect(abs(want - got) < 1e-9, f"{name}: within_seq_frac {got:.6f}, analyze.anova says {want:.6f}")
+    if not ok:
+        return False
+    sizes = dict(depth=depth, n_seq=n_seq, seq_len=seq_len, n_embd=n_embd, n_head=n_head, seed=seed)
+    curves = {(n_lap, res): collapse_curve(ex.within_seq_frac, n_lap, res, **sizes)
+              for res in (False, True) for n_lap in (0, n_head)}
+    for (n_lap, res), curve in curves.items():
+        print(f"  {'Laplacian' if n_lap else 'attention'} heads, {'x + attn(x)' if res else 'attn(x)    '}: "
+              + " ".join(f"{v:.1e}" for v in curve[::max(1, depth // 8)]) + f"  ... layer {depth}: {curve[-1]:.2e}")
+    if figure:
+        plot_curves(curves, n_head, n_embd, os.path.join(out, "collapse.png"))
+    att, lap = curves[(0, False)][-1], curves[(n_head, False)][-1]
+    return expect(att < lap, f"after {depth} layers: attention-only {att:.2e} < Laplacian {lap:.2e}")
+
+
+def plot_curves(curves, n_head, n_embd, path):
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no window
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (n_lap, res), curve in curves.items():
+        ax.semilogy(curve, ("C1" if n_lap else "C0") + ("--" if res else "-"),
+                    label=f"{'Laplacian' if n_lap else 'attention'} heads{', residual' if res else ''}")
+    ax.set(xlabel="layers", ylabel="WithinSeqVar / TotalVar", title=f"{n_head} heads, width {n_embd}, random weights")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"  figure: {path}")
+
+# ---- exercise 5: a per-layer schedule (an experiment: numbers to compare) -------------------------------------
+
+def read_comparison(out, kind):
+    """The runs of `kind` in OUT/analysis/analysis.json, written by `python analyze.py OUT/run1 OUT/run2`."""
+    path = os.path.join(out, "analysis", "analysis.json")
+    if not os.path.isfile(path):
+        print(f"FAIL: no {path}; train the two runs and analyse them first (exercises/README.md)")
+        return None
+    runs = [r for r in json.load(open(path)).get("runs", []) if r["kind"] == kind]
+    if len(runs) < 2:
+        print(f"FAIL: {path} compares {len(runs)} {kind} run(s); analyse both runs in one analyze.py command")
+        return None
+    settings = runs[0]["settings"]
+    print(f"from {path} ({settings['n_samples']} validation sequences per run, {settings['tokens']})")
+    return runs
+
+
+def check_5(ex, out):
+    runs = read_comparison(out, "vit")
+    if runs is None:
+        return False
+    layers = runs[0]["layerwise"]["layer"]
+    print(f"{'run':24s} {'n_lap':10s} {'val_acc':>8s} {'k_0.99':>7s}   within-seq share after block", *layers)
+    for r in runs:
+        share = " ".join(f"{v:.3f}" for v in r["layerwise"]["within_seq_frac"])
+        print(f"{r['run'][-24:]:24s} {str(r['n_lap']).replace(' ', ''):10s} {r['final_metric']['value']:8.4f} "
+              f"{r['spectrum']['k_0.99']:7.2f}   {share}")
+    print("mean pairwise cosine of the tokens in an image, after block " + " ".join(layers))
+    for r in runs:
+        print(f"{r['run'][-24:]:24s} " + " ".join(f"{v:.3f}" for v in r["layerwise"]["cosine"]))
+    return True
+
+# ---- exercise 6: a learnable head type -------------------------------------------------------------------------
+
+def check_gates(ex, seed):
+    """The gated module against nanolap's: g = 0 is MixedHeadAttention with n_lap=0, g = 1 with n_lap=n_head, any g
+    is (1 - g) P V + g (V - P V) head by head, and the loss reaches the gates."""
+    ok = True
+    for preset in ("vit-cpu", "gpt-tiny"):
+        torch.manual_seed(seed)
+        cfg = make_config(preset, n_layer=1, vocab_size=10)
+        gated = randomise(ex.GatedHeadAttention(cfg), 0.1, seed).eval()
+        x, H, model = torch.randn(2, 17, cfg.n_embd), cfg.n_head, build_model(cfg)
+        rope = (model.cos[:, :17], model.sin[:, :17]) if cfg.pos == "rope" else None  # GPT: rotary positions
+        for g, n_lap in ((0.0, 0), (1.0, H)):
+            plain = MixedHeadAttention(cfg, n_lap).eval()
+            plain.load_state_dict(gated.state_dict(), strict=False)
+            with torch.no_grad():
+                gated.gate_logit.fill_(-30.0 if g == 0 else 30.0)
+                err = (gated(x, rope) - plain(x, rope)).abs().max().item()
+            ok &= expect(err < 1e-5, f"{preset}: all gates {g:.0f} equals MixedHeadAttention with n_lap={n_lap}: "
+                                     f"max error {err:.1e}")
+    plain = MixedHeadAttention(cfg, 0).eval()  # the causal GPT module: P through nanolap's explicit path
+    plain.load_state_dict(gated.state_dict(), strict=False)
+    g = torch.tensor([0.0, 0.25, 0.5, 0.75])
+    with torch.no_grad():
+        gated.gate_logit.copy_(torch.logit(g))
+        P = plain(x, rope, explicit=True, return_attn=True)[1]  # (B, H, T, T)
+        v = plain.qkv(x).view(2, 17, 3, H, -1)[:, :, 2].transpose(1, 2)  # (B, H, T, D)
+        y = (1 - g.view(1, H, 1, 1)) * (P @ v) + g.view(1, H, 1, 1) * (v - P @ v)  # (B, H, T, D)
+        err = (gated(x, rope) - plain.proj(y.transpose(1, 2).reshape(2, 17, -1))).abs().max().item()
+    ok &= expect(err < 1e-5, f"gates {g.tolist()}: (1 - g) P V + g (V - P V), max error {err:.1e}")
+    with torch.no_grad():
+        gated.gate_logit.zero_()  # g = 1/2
+    gated(x, rope).square().sum().backward()
+    grad = gated.gate_logit.grad
+    return ok & expect(grad is not None and grad.abs().min() > 0, "the loss reaches every gate: gradient "
+                       + ("None" if grad is None else " ".join(f"{v:.3g}" for v in grad.tolist())))
+
+
+def train_image_model(model, data, steps, batch_size, lr, gate_lr, val_images, seed):
+    """AdamW on random training batches of data (images.load_images; no augmentation), cosine learning rates; the
+    gates get their own learning rate and no weight decay. Returns the accuracy on the first val_images validation
+    images."""
+    (x, y), (xv, yv) = data["train"], data["val"]
+    mean, std = torch.tensor(data["mean"]).view(1, -1, 1, 1), torch.tensor(data["std"]).view(1, -1, 1, 1)
+    prep = lambda imgs: (augment.to_unit(imgs, model.config.img_size) - mean) / std
+    gates = [p for n, p in model.named_parameters() if n.endswith("gate_logit")]
+    rest = [p for n, p in model.named_parameters() if not n.endswith("gate_logit")]
+    groups = [dict(params=rest, lr=lr, weight_decay=0.05), dict(params=gates, lr=gate_lr, weight_decay=0.0)]
+    opt = torch.optim.AdamW(groups) if steps else None  # --steps=0 evaluates the initial model
+    g, t0 = torch.Generator().manual_seed(seed), time.time()
+    model.train()
+    for step in range(1, steps + 1):
+        for group, peak in zip(opt.param_groups, (lr, gate_lr)):  # cosine decay to 0
+            group["lr"] = peak * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
+        i = torch.randint(0, len(y), (batch_size,), generator=g)
+        loss = F.cross_entropy(model(prep(x[i])), y[i])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 100 == 0 or step == steps:
+            print(f"  step {step}/{steps} | loss {loss.item():.4f} | {time.time() - t0:.0f}s")
+    model.eval()
+    with torch.no_grad():
+        xv, yv = xv[:val_images], yv[:val_images]
+        correct = sum((model(prep(xv[i:i + 500])).argmax(-1) == yv[i:i + 500]).sum().item()
+                      for i in range(0, len(yv), 500))
+    return correct / len(yv)
+
+
+def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_images, seed):
+    if not check_gates(ex, seed):
+        return False
+    if heads not in ("gated", "attention", "laplacian"):
+        raise nanolap.UsageError(f"--heads={heads!r}: choose gated, attention or laplacian")
+    torch.manual_seed(seed)
+    data = images.load_images(dataset, data_dir)
+    n_lap = 4 if heads == "laplacian" else 0  # gated: the gates decide
+    cfg = make_config("vit-cpu", pooling="mean", num_classes=data["num_classes"], n_lap=n_lap)
+    model = ex.gated_model(cfg) if heads == "gated" else build_model(cfg)
+    print(f"training a vit-cpu with {heads} heads on {dataset}: {steps} steps of {batch_size} images")
+    acc = train_image_model(model, data, steps, batch_size, lr, gate_lr, val_images, seed)
+    print(f"  val_acc {acc:.4f} on {min(val_images, len(data['val'][1]))} validation images")
+    if heads == "gated":
+        print("  learned gates g (0 = attention head, 1 = Laplacian head):")
+        for l, block in enumerate(model.blocks):
+            g = block.attn.gates().detach()
+            print(f"    layer {l + 1}: " + " ".join(f"{v:.3f}" for v in g.tolist()) + f"   mean {g.mean():.3f}")
+    return True
+
+# ---- exercise 7: the spectrum by hand ----------------------------------------------------------------------------
+
+def trained_tokens(run, max_samples, seed):
+    """Final-norm patch tokens (N, T, d) of the validation images that `analyze.py RUN --max_samples=N` measures,
+    with analyze.py's k_alpha of them (streamed in its batches of 64), and the value in RUN/analysis/analysis.json."""
+    ckpt = nanolap.load_checkpoint(os.path.join(run, "ckpt.pt"))
+    model = nanolap.load_model(ckpt).eval()
+    x, _, _, mean, std = analyze.eval_images(ckpt, max_samples, seed)
+    mean, std = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+    stats, hs = analyze.SpectrumStats(), []
+    with torch.no_grad():
+        for i in range(0, len(x), 64):
+            h = model.forward_features((augment.to_unit(x[i:i + 64], model.config.img_size) - mean) / std)[:, 1:]
+            stats.update(h)
+            hs.append(h)
+    path = os.path.join(run, "analysis", "analysis.json")
+    stored = json.load(open(path))["spectrum"] if os.path.isfile(path) else None
+    return torch.cat(hs), stats.result(), stored
+
+
+def check_7(ex, run, max_samples, seed):
+    s2 = torch.tensor([[7.0, 0.0], [-7.0, 0.0], [0.0, 1.0], [0.0, -1.0]])  # centred; eigenvalues 98 and 2
+    ok = True
+    for name, h, want in (("hand case, eigenvalues 98 and 2", s2[None], {0.9: 1, 0.99: 2}),
+                          ("the same tokens shifted by (100, 100)", s2[None] + 100, {0.9: 1, 0.99: 2})):
+        for alpha, k in want.items():
+            got = ex.k_alpha(h, alpha)
+            ok &= expect(got == k, f"{name}: k_{alpha} = {got} (want {k})")
+    if run:
+        h, ref, stored = trained_tokens(run, max_samples, seed)
+        what = f"{run}: {len(h)} validation images, final-norm patch tokens"
+    else:
+        torch.manual_seed(seed)
+        model = build_model(make_config("vit-cpu", n_lap=2)).eval()
+        with torch.no_grad():
+            h = model.forward_features(torch.randn(64, 1, 28, 28))[:, 1:]  # (64, 16, 64)
+        ref, stored, what = analyze.SpectrumStats(), None, "an untrained vit-cpu, 64 random images (pass --run=DIR)"
+        ref.update(h)
+        ref = ref.result()
+    print(f"tokens: {what}, shape {tuple(h.shape)}")
+    for alpha in analyze.ALPHAS:
+        got, want = ex.k_alpha(h, alpha), ref[f"k_{alpha}"]
+        ok &= expect(abs(got - want) < 1e-9, f"k_{alpha}: yours {got:.4f}, analyze.py's {want:.4f}")
+    if stored is not None:
+        print(f"  {run}/analysis/analysis.json says k_0.99 = {stored['k_0.99']:.4f} "
+              f"(over its {stored['n_sequences']} sequences: run analyze.py with the same --max_samples)")
+    return ok
+
+# ---- exercise 8: language (an experiment: numbers to compare) -------------------------------------------------
+
+def check_8(ex, out, sample_chars, seed):
+    runs = read_comparison(out, "gpt")
+    if runs is None:
+        return False
+    print(f"{'run':24s} {'n_lap':6s} {'val_loss':>8s} {'val_bpb':>8s} {'within':>7s} {'between':>8s} {'NC1':>7s} "
+          f"{'k_0.99':>7s}   (ANOVA over next-token classes, final norm)")
+    for r in runs:
+        log = [json.loads(l) for l in open(os.path.join(r["run"], "log.jsonl")) if l.strip()]
+        a = r["anova"]
+        print(f"{r['run'][-24:]:24s} {str(r['n_lap']):6s} {log[-1]['val_loss']:8.4f} {log[-1]['val_bpb']:8.4f} "
+              f"{a['within_class_frac']:7.3f} {a['between_class_frac']:8.3f} {r['nc']['nc1']:7.3g} "
+              f"{r['spectrum']['k_0.99']:7.2f}")
+    for r in runs:
+        ckpt = nanolap.load_checkpoint(os.path.join(r["run"], "ckpt.pt"))
+        model, tok = nanolap.load_model(ckpt).eval(), text.get_tokenizer(ckpt["meta"])
+        idx = torch.tensor([tok.encode("\n")])
+        g = torch.Generator().manual_seed(seed)
+        sample = tok.decode(model.generate(idx, sample_chars, temperature=0.8, top_k=200, generator=g)[0].tolist())
+        print(f"---- a sample of {r['run']} (n_lap={r['n_lap']}, temperature 0.8) ----\n{sample}")
+    return True
+
+# ---- run ----------------------------------------------------------------------------------------------------------
+
+CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6, 7: check_7, 8: check_8}
+
+
+def main(argv=None):
+    """Run one exercise's check; returns the exit status (0 = PASS or numbers printed, 1 = FAIL)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or not argv[0].isdigit() or int(argv[0]) not in CHECKS:
+        print(__doc__.strip() + "\n\nusage: python exercises/check.py N [--solution] [--key=value ...], N in 1..8")
+        return 0 if {"-h", "--help"} & set(argv) else 2
+    number, rest = int(argv[0]), argv[1:]
+    if {"-h", "--help"} & set(rest):
+        print(f"exercise {number} options: " + " ".join(f"--{k}={v!r}" for k, v in OPTIONS[number].items()))
+        return 0
+    solution = "--solution" in rest
+    try:
+        options = nanolap.parse_args(OPTIONS[number], [a for a in rest if a != "--solution"])
+        module = load(number, solution) if number in FILES else None
+        if module is not None:
+            print(f"exercise {number}: checking {os.path.relpath(module.__file__)}")
+        ok = CHECKS[number](module, **options)
+    except nanolap.UsageError as e:
+        print(f"error: {e}")
+        return 2
+    except Exception:  # the student's code raised: show where
+        traceback.print_exc()
+        print(f"FAIL: exercise {number} raised an exception (above)")
+        return 1
+    if number in FILES or not ok:
+        print(f"{'PASS' if ok else 'FAIL'}: exercise {number}")
+    else:
+        print(f"exercise {number}: the numbers above are the result; compare them (exercises/README.md)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The classroom exercises (exercises/README.md) cannot rot: every check passes on its reference solution, and every
+exercise that asks for code fails on its unmodified starter file. Fast tier: the code checks at tiny sizes, in this
+process (seconds). Slow tier (-m slow): the experiments (tiny trainings of the real scripts, then analyze.py), the
+exercise-7 check on a trained run, a longer gated training, and the command line."""
+
+import ast
+import importlib.util
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXERCISES = os.path.join(ROOT, "exercises")
+ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+spec = importlib.util.spec_from_file_location("exercise_checks", os.path.join(EXERCISES, "check.py"))
+check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check)
+
+
+def run_check(capsys, *argv):
+    """check.py's main in this process: (exit status, what it printed)."""
+    status = check.main([str(a) for a in argv])
+    return status, capsys.readouterr().out
+
+
+TINY = {4: ["--depth=6", "--n_seq=8", "--figure=False"],  # options that keep a code check to a second or less;
+        6: ["--dataset=synthetic", "--steps=0", "--val_images=64"]}  # the slow tier draws the figure and trains
+
+
+@pytest.fixture
+def one_thread():
+    """The checks' tensors are tiny: on a shared 2-core machine, one thread beats two that wait for each other."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+# ---------------------------------------------------------------- fast tier: the code exercises
+
+
+@pytest.mark.parametrize("number", sorted(check.FILES))
+def test_check_passes_on_the_solution(number, capsys, one_thread):
+    status, out = run_check(capsys, number, "--solution", *TINY.get(number, []))
+    assert status == 0 and out.rstrip().endswith(f"PASS: exercise {number}"), out
+    assert "[FAIL]" not in out and f"solutions/{check.FILES[number]}" in out
+    if number == 6:
+        assert len(re.findall(r"layer \d: ([\d.]+ ){4}", out)) == 4  # the gates of every layer
+
+
+@pytest.mark.parametrize("number", sorted(check.FILES))
+def test_check_fails_on_the_unmodified_starter(number, capsys, one_thread):
+    status, out = run_check(capsys, number, *TINY.get(number, []))
+    assert status == 1 and out.rstrip().endswith(f"FAIL: exercise {number}") and "[FAIL]" in out, out
+    assert f"exercises/{check.FILES[number]}" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("number", sorted(check.FILES))
+def test_starter_and_solution_match_except_the_bodies(number):
+    """Same functions and classes with the same signatures; the starter is a working but wrong body (no stubs)."""
+    def outline(path):
+        tree = ast.parse(open(path).read())
+        return [(n.name, ast.dump(n.args) if hasattr(n, "args") else None)
+                for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    starter, solution = (os.path.join(EXERCISES, d, check.FILES[number]) for d in ("", "solutions"))
+    assert outline(starter) == outline(solution)
+    text = open(starter).read()
+    assert "NotImplementedError" not in text and "TODO" not in text and "Replace this" in text
+
+
+def test_a_student_error_is_a_fail_with_its_traceback(tmp_path, capsys, monkeypatch):
+    broken = type(sys)("broken")
+    broken.__file__ = str(tmp_path / "ex1_laplacian.py")
+    broken.laplacian = lambda P: P @ P.new_ones(3, 3)  # a shape error
+    monkeypatch.setattr(check, "load", lambda number, solution=False: broken)
+    status, out = run_check(capsys, 1)
+    assert status == 1 and out.rstrip().endswith("FAIL: exercise 1 raised an exception (above)")
+
+
+def test_options_and_usage(capsys):
+    assert run_check(capsys, 2, "--depth=3")[0] == 2  # an option of another exercise
+    status, out = run_check(capsys, 9)
+    assert status == 2 and "usage: python exercises/check.py N" in out
+    status, out = run_check(capsys, 4, "--help")
+    assert status == 0 and "--depth=24" in out
+
+
+def test_readme_has_every_exercise_and_its_check():
+    readme = open(os.path.join(EXERCISES, "README.md")).read()
+    exercises = re.findall(r"^## Exercise (\d+)", readme, re.M)
+    assert [int(n) for n in exercises] == sorted(check.CHECKS) and len(exercises) >= 8
+    for number in check.CHECKS:
+        assert f"python exercises/check.py {number}" in readme
+    for number, name in check.FILES.items():
+        assert f"exercises/{name}" in readme and os.path.isfile(os.path.join(EXERCISES, "solutions", name))
+
+# ---------------------------------------------------------------- slow tier: the experiments, on tiny runs
+
+
+def run(*args, timeout=300):
+    p = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                       timeout=timeout)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return p.stdout
+
+
+@pytest.fixture(scope="module")
+def ex5_runs(tmp_path_factory):
+    """Exercise 5's commands at tiny size: two per-layer schedules, then analyze.py over both."""
+    out = tmp_path_factory.mktemp("ex5")
+    tiny_vit = ["--dataset=synthetic", "--train_subset=256", "--val_subset=128", "--batch_size=64", "--epochs=1",
+                "--cpu_procs=1", "--device=cpu", "--log_interval=1"]
+    for name, schedule in (("front", "[4,4,0,0]"), ("back", "[0,0,4,4]")):
+        run("train_vit.py", f"--n_lap={schedule}", f"--out_dir={out / name}", *tiny_vit)
+    run("analyze.py", out / "front", out / "back", "--max_samples=64")
+    return out
+
+
+@pytest.mark.slow
+def test_ex5_prints_the_two_schedules(ex5_runs, capsys):
+    status, out = run_check(capsys, 5, f"--out={ex5_runs}")
+    assert status == 0 and "the numbers above are the result" in out, out
+    rows = re.findall(r"(\[[\d,]+\])\s+(\d\.\d{4})\s+(\d+\.\d\d)\s+((?:\d\.\d{3} ?){5})", out)
+    assert sorted(r[0] for r in rows) == ["[0,0,4,4]", "[4,4,0,0]"]  # n_lap, val_acc, k_0.99, 4 blocks + norm
+    assert run_check(capsys, 5, f"--out={ex5_runs / 'nowhere'}")[0] == 1
+
+
+@pytest.mark.slow
+def test_ex7_matches_analyze_on_a_trained_run(ex5_runs, capsys):
+    run("analyze.py", ex5_runs / "back", "--max_samples=64")
+    status, out = run_check(capsys, 7, "--solution", f"--run={ex5_runs / 'back'}", "--max_samples=64")
+    assert status == 0 and "PASS: exercise 7" in out, out
+    stored = json.load(open(ex5_runs / "back" / "analysis" / "analysis.json"))["spectrum"]["k_0.99"]
+    yours = float(re.search(r"k_0.99: yours (\S+),", out).group(1))
+    assert abs(yours - stored) < 5e-5  # analysis.json keeps what analyze.py printed; the check prints 4 decimals
+    assert run_check(capsys, 7, f"--run={ex5_runs / 'back'}", "--max_samples=64")[0] == 1  # the starter
+
+
+def play_text(n_lines=1500, seed=0):
+    rng = random.Random(seed)
+    words = "the of and to my thou thee lord king love night sweet death crown fair".split()
+    return "\n".join(f"{rng.choice(['ROMEO', 'JULIET'])}:\n" + " ".join(rng.choice(words) for _ in range(8)) + ".\n"
+                     for _ in range(n_lines))
+
+
+@pytest.mark.slow
+def test_ex8_compares_two_gpts(tmp_path, capsys):
+    """Exercise 8's commands on a tiny char dataset made here (a clean clone has no data/shakespeare_char)."""
+    (tmp_path / "play.txt").write_text(play_text())
+    run("data/shakespeare_char/prepare.py", f"--input_file={tmp_path / 'play.txt'}",
+        f"--out_dir={tmp_path / 'data' / 'tiny'}")
+    tiny_gpt = ["--dataset=tiny", f"--data_dir={tmp_path / 'data'}", "--n_layer=2", "--n_embd=32", "--block_size=32",
+                "--batch_size=4", "--max_iters=20", "--eval_interval=20", "--eval_iters=2", "--max_new_tokens=0",
+                "--device=cpu"]
+    out = tmp_path / "ex8"
+    for n_lap in (0, 4):
+        run("train_gpt.py", f"--n_lap={n_lap}", f"--out_dir={out / f'lap{n_lap}'}", *tiny_gpt)
+    run("analyze.py", out / "lap0", out / "lap4", "--max_samples=16")
+    status, text = run_check(capsys, 8, f"--out={out}", "--sample_chars=40")
+    assert status == 0 and "the numbers above are the result" in text, text
+    rows = re.findall(r"lap(\d)\s+(\d)\s+(\d\.\d{4})\s+(\d\.\d{4})\s+(\d\.\d{3})\s+(\d\.\d{3})", text)
+    assert [r[:2] for r in rows] == [("0", "0"), ("4", "4")]
+    assert all(abs(float(r[4]) + float(r[5]) - 1) < 2e-3 for r in rows)  # within + between = 1
+    assert text.count("---- a sample of") == 2
+
+
+@pytest.mark.slow
+def test_ex6_gates_learn(capsys):
+    status, out = run_check(capsys, 6, "--solution", "--dataset=synthetic", "--steps=30", "--batch_size=32")
+    assert status == 0 and "PASS: exercise 6" in out
+    gates = [float(g) for g in re.findall(r"layer \d: (.*?)   mean", out)[0].split()]
+    assert len(gates) == 4 and all(abs(g - 0.5) > 1e-3 for g in gates)  # they moved from sigmoid(0)
+
+
+@pytest.mark.slow
+def test_ex4_draws_the_figure(tmp_path, capsys):
+    status, out = run_check(capsys, 4, "--solution", f"--out={tmp_path}")
+    assert status == 0 and (tmp_path / "collapse.png").stat().st_size > 10000
+    assert re.search(r"attention heads, attn\(x\) .*layer 24: (\S+)", out)
+
+
+@pytest.mark.slow
+def test_command_line():
+    p = subprocess.run([sys.executable, "exercises/check.py", "2", "--solution"], capture_output=True, text=True,
+                       env=ENV, cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("PASS: exercise 2")
+    p = subprocess.run([sys.executable, "exercises/check.py", "2"], capture_output=True, text=True, env=ENV,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 1 and p.stdout.rstrip().endswith("FAIL: exercise 2")
