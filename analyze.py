@@ -5,6 +5,7 @@ Transformers by Smoothing Token Representations" (2026), defined precisely in th
     python analyze.py out/vit                                    # one run: writes out/vit/analysis/
     python analyze.py out/gpt --max_samples=200 --layer=2         # tokens after block 2 instead of the final norm
     python analyze.py out/vit-k0-s0 out/vit-k4-s0 out/vit-k0-s1 --out=out/compare_vit   # compare runs
+    python analyze.py --report=results      # results/sweep.sh's tables and figures, from its artefacts alone
 
 Each run directory (ckpt.pt and log.jsonl of a training script) is measured on its own evaluation data, into
 analysis.json, summary.md, PNG figures and a RESULT line: ANOVA of token variance and token cosine after every
@@ -12,6 +13,7 @@ block, the within-sequence spectrum (all kinds), PCA, Neural Collapse and the si
 next-token-class ANOVA and NC1-NC2 (gpt), PCA feature maps (dino); several runs are compared against n_lap.
 """
 
+import glob
 import json
 import math
 import os
@@ -26,7 +28,8 @@ from nanolap import UsageError
 from data import augment, images, text
 
 # ---------------------------------------------------------------- defaults
-out = ""  # output folder; "" = RUN/analysis for one run, the runs' common parent + /analysis for several
+out = ""  # output folder; "" = RUN/analysis (one run), the runs' common parent + /analysis (several), the --report folder
+report = ""  # a results folder of results/sweep.sh: its summary.md and figures from the saved artefacts, no checkpoints
 max_samples = 1000  # images or text windows per run, a fixed random subset of the validation split: more = steadier
 batch_size = 64  # sequences per forward pass; lower it when memory runs out
 layer = -1  # tokens of the ANOVA, spectrum, PCA, GPT classes and DINO maps: -1 = after the final norm, k = block k
@@ -42,12 +45,14 @@ seed = 0  # which random subset of the validation split is analysed (the same su
 ALPHAS = (0.9, 0.99)  # k_alpha thresholds (the paper reports alpha = 0.99)
 ETF_TOKENS = 8  # ViT: tokens per image in the ETF token panel, at the same random positions in every image
 FINAL_METRIC = {"vit": ("val_acc", "higher"), "gpt": ("val_loss", "lower"), "dino": ("knn_acc", "higher")}
+# --report: the end metrics of a run's result.txt; the first is the headline figure's
+END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
+               "dino": ("knn_acc", "linear_acc", "seg_miou")}
 FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
 
 # ---------------------------------------------------------------- metrics
 # Pure functions, each next to a streaming accumulator giving the same numbers (float64, shifted by the first batch's
-# mean to keep the sums well conditioned). Tokens h (N, T, d): N sequences of T tokens h_it, labels y (N,); ViT/DINO
-# use the patch tokens (--tokens=all adds CLS) at --layer (-1 = after the final norm), a GPT every window position.
+# mean to keep the sums well conditioned). Tokens h (N, T, d): N sequences of T tokens h_it, labels y (N,).
 
 def _fractions(total, **parts):
     """Variance parts and their fractions of the total (None where the total is 0)."""
@@ -85,8 +90,7 @@ class AnovaStats:
         h = h - self.shift
         mu_i = h.mean(1)  # (B, d)
         self.n_seq, self.n_tok = self.n_seq + h.shape[0], self.n_tok + h.shape[0] * h.shape[1]
-        self.tok_sum += h.sum((0, 1))
-        self.tok_sumsq += h.square().sum()
+        self.tok_sum, self.tok_sumsq = self.tok_sum + h.sum((0, 1)), self.tok_sumsq + h.square().sum()
         self.within_seq += (h - mu_i[:, None]).square().sum()
         self.count.index_add_(0, y, torch.ones_like(mu_i[:, 0]))
         self.mu_sum.index_add_(0, y, mu_i)
@@ -194,16 +198,11 @@ class ClassStats(AnovaStats):
             super().update(x[:, None], y)
             x = x.detach().double() - self.shift
             self.scatter = getattr(self, "scatter", 0) + x.T @ x
-    def _means(self):
-        count = self.count.cpu()
-        return count > 0, count[count > 0], self.mu_sum.cpu()[count > 0] / count[count > 0, None]  # shifted means
-    def anova(self):
-        _, count, mu = self._means()
-        m, n, sumsq = self.mu_sum.cpu().sum(0) / self.n_seq, self.n_seq, self.tok_sumsq.cpu()
-        return _fractions(sumsq / n - m.square().sum(), within_class=(sumsq - (count * mu.square().sum(-1)).sum()) / n,
-                          between_class=(count * (mu - m).square().sum(-1)).sum() / n)
+    def anova(self):  # one-token sequences: no within-sequence part
+        return {k: v for k, v in self.result().items() if not k.startswith("within_seq")}
     def neural_collapse(self, W=None):
-        seen, count, mu = self._means()
+        count = self.count.cpu()
+        seen, count, mu = count > 0, count[count > 0], self.mu_sum.cpu()[count > 0] / count[count > 0, None]  # shifted
         sigma_w = (self.scatter.cpu() - (mu.T * count) @ mu) / self.n_seq
         out = nc_metrics(mu + self.shift.cpu(), sigma_w, None if W is None else W[seen])
         return dict(out, n_classes=int(seen.sum()), n_samples=self.n_seq)
@@ -262,24 +261,14 @@ def eval_images(ckpt, max_samples, seed):
     idx = slice(None) if folder and not dino else subset(len(x), min(max_samples, len(x)), seed)
     return (x[idx], y[idx].long(), *(ckpt.get(k, data[k]) for k in ("classes", "mean", "std")))
 
-def load_windows(data_dir, dataset, T, max_samples):
-    """Up to max_samples windows (n, T) and their next-token targets, evenly spread over the validation tokens."""
-    val = text.load_tokens(data_dir, dataset, "val")
-    n = min(max_samples, (len(val) - 1) // T)
-    if n < 1:
-        raise UsageError(f"the validation split of {dataset!r} has {len(val)} tokens, fewer than one window of "
-                         f"seq_len+1 = {T + 1}; pass a smaller --seq_len")
-    return text.windows(val, [i * (len(val) - T - 1) // max(n - 1, 1) for i in range(n)], T, "cpu")
-
-def token_names(data_dir, dataset, ids):  # readable names of token ids (the ids when the tokenizer is unavailable)
-    try:
-        tok = text.get_tokenizer(text.load_meta(data_dir, dataset))
-        return [repr(tok.decode([i])) for i in ids]
-    except Exception:  # names are a nicety (GPT-2 BPE needs tiktoken's downloaded vocabulary); ids are exact
-        return [str(i) for i in ids]
-
 def pick_layer(hs, layer):  # hs = [after block 1, ..., after block L, final norm]; layer -1 or 1..L
     return hs[-1] if layer == -1 else hs[layer - 1]
+
+def update_layers(hs, y, anovas, cos_sums, spec, layer):  # one batch: ANOVA, cosine after each block, spectrum at layer
+    for l, h in enumerate(hs):
+        anovas[l].update(h, y)
+        cos_sums[l] += seq_cosine(h).sum()
+    spec.update(pick_layer(hs, layer))
 
 def layerwise(anovas, cos_sums, n):
     return {"layer": [str(l) for l in range(1, len(anovas))] + ["norm"],
@@ -297,11 +286,8 @@ def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, b
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
         img = (augment.to_unit(x[s].to(device), model.config.img_size) - mean) / std
         hs = model.forward_features(img, all_layers=True)  # L + 1 tensors (B, 1 + N, d)
-        for l, h in enumerate(hs):
-            layer_anova[l].update(sel(h), y[s])
-            cos_sum[l] = cos_sum[l] + seq_cosine(sel(h)).sum()
+        update_layers([sel(h) for h in hs], y[s], layer_anova, cos_sum, spec, layer)
         h = pick_layer(hs, layer)
-        spec.update(sel(h))
         if cls_head:
             keep["pooled"].append(model.pool(hs[-1]).double().cpu())
             keep["seq_means"].append(sel(hs[-1]).double().mean(1).cpu())
@@ -327,11 +313,8 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
     cls = ClassStats(len(top))
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
         hs = model.forward_features(x[s].to(device), all_layers=True)  # L + 1 tensors (B, T, d)
-        for l, h in enumerate(hs):
-            layer_anova[l].update(h, torch.zeros(len(h), dtype=torch.long))  # no labels: only the within-window share
-            cos_sum[l] = cos_sum[l] + seq_cosine(h).sum()
+        update_layers(hs, torch.zeros(len(x[s]), dtype=torch.long), layer_anova, cos_sum, spec, layer)  # one class
         h = pick_layer(hs, layer)
-        spec.update(h)
         c = cls_of[targets[s].reshape(-1)]
         cls.update(h.reshape(-1, h.shape[-1])[c.to(device) >= 0], c[c >= 0])
     nc = cls.neural_collapse()
@@ -450,8 +433,8 @@ def fig_pca_maps(kept, shown, grid, title, path):
     fig.suptitle(title + "\nimages (top), top-3 PCs of their patch tokens as RGB (bottom)", fontsize=9)
     return _save(fig, path)
 
-def fig_errorbars(xs, ticks, series, ylabel, title, path):  # series: [(label, [{"mean", "std"} per x])]
-    fig, ax = _plt().subplots(figsize=(5, 3.6))
+def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [(label, [{"mean", "std"} per x])]
+    fig, ax = (ax.figure, ax) if ax else _plt().subplots(figsize=(5, 3.6))  # ax: a panel of a larger figure, not saved
     for (label, stats), fmt in zip(series, ("o-", "s--")):
         pts = [(x, s) for x, s in zip(xs, stats) if s["mean"] is not None]
         ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=fmt,
@@ -461,6 +444,29 @@ def fig_errorbars(xs, ticks, series, ylabel, title, path):  # series: [(label, [
     if len(series) > 1:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    return path and _save(fig, path)
+
+def fig_headline(sets, path):
+    """The README's figure, a column per paradigm: its headline end metric (END_METRICS' first; top) and the
+    within-sequence share of the patch tokens (GPT: the within-class share of next-token classes; bottom) against n_lap,
+    mean +- std over seeds. Sets of one kind and dataset (vit, vit_long) are series of their own, labelled with their
+    epochs; a set on another dataset (dino_scenes) is left out."""
+    kinds = [k for k in END_METRICS if any(c["kind"] == k for c in sets.values())]
+    fig, axes = _plt().subplots(2, len(kinds), figsize=(4.8 * len(kinds), 7.4), squeeze=False)
+    for kind, col in zip(kinds, axes.T):
+        same = [c for c in sets.values() if c["kind"] == kind]
+        same = [c for c in same if c["dataset"] == same[0]["dataset"]]  # one dataset per column (not DINO's scenes)
+        points = sorted({(g["n_lap_mean"], g["n_lap"]) for c in same for g in c["groups"]})  # (x, label) of every set
+        bars = seeds_note([len(g["runs"]) for c in same for g in c["groups"]]).replace("+-", "$\\pm$")
+        share = (("within_class (next-token)", "within-class share of next-token classes") if kind == "gpt" else
+                 ("within_seq (patch)", "within-sequence share of patch tokens"))
+        head = END_METRICS[kind][0]
+        better = "lower" if head in ("val_bpb", "val_loss") else "higher"
+        for ax, (key, what) in zip(col, [(head, f"{head} ({better} is better)"), share]):
+            at = lambda c, p: next((_mean_std(g["values"][key]) for g in c["groups"]
+                                    if (g["n_lap_mean"], g["n_lap"]) == p), {"mean": None})  # None: no point there
+            series = [(c["label"] if len(same) > 1 else None, [at(c, p) for p in points]) for c in same]
+            fig_errorbars(*zip(*points), series, what, f"{kind}: {what}\n({bars})", None, ax)
     return _save(fig, path)
 
 # ---------------------------------------------------------------- results of one run, and the comparison of several
@@ -494,6 +500,7 @@ def write_outputs(obj, summary, out_dir):  # analysis.json (strict JSON) and sum
     text.write_atomic(os.path.join(out_dir, "summary.md"), summary.encode())
 
 _fmt = lambda v, spec=".3f": "n/a" if v is None else format(v, spec)
+_ms = lambda d: "n/a" if d["mean"] is None else f"{d['mean']:.4g}" + (f" ± {d['std']:.2g}" if d["n"] > 1 else "")
 
 def run_summary(res):
     s, a, fm, lw = res["settings"], res["anova"], res["final_metric"], res["layerwise"]["within_seq_frac"]
@@ -522,42 +529,47 @@ def seeds_note(counts):  # what a comparison's error bars stand for: the runs (s
     n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
     return "1 seed per point, no spread" if max(counts) == 1 else f"mean +- std over {n} seeds per point"
 
-def compare(results, out_dir, kind, where):
+def compare(results, out_dir, prefix, name):
     """Runs of one kind grouped by n_lap (seeds pooled): final metric, ANOVA fractions and k_alpha as mean +- std
-    (unbiased) per group, and five figures against n_lap."""
+    (unbiased) and the lists of the runs' metrics ("metrics", None left out) per group, and five figures against n_lap,
+    saved in out_dir as prefix + metric.png etc. (prefix may name a folder) and titled with name."""
+    kind, layer = results[0]["kind"], results[0]["settings"]["layer"]
+    where = "final norm" if layer == -1 else f"after block {layer}"
+    results = sorted(results, key=lambda r: (r["n_lap_mean"], r["n_lap_label"]))  # the groups in the order of n_lap
     groups = {k: [r for r in results if r["n_lap_label"] == k] for k in dict.fromkeys(r["n_lap_label"] for r in results)}
-    order = sorted(groups, key=lambda k: (groups[k][0]["n_lap_mean"], k))
-    xs = [groups[k][0]["n_lap_mean"] for k in order]
+    order = list(groups)
+    xs = [g[0]["n_lap_mean"] for g in groups.values()]
     xs = xs if len(set(xs)) == len(xs) else list(range(len(order)))  # two lists with one mean: side by side
     color = {k: _plt().cm.viridis(groups[k][0]["n_lap_mean"] / max(r["n_head"] for r in results) * 0.9) for k in order}
     metric, better = FINAL_METRIC[kind]
-    parts, table = [k for k in FRACS if k in results[0]["anova"]], []
-    for k in order:
-        g = groups[k]
-        table.append({"n_lap": k, "n_lap_mean": g[0]["n_lap_mean"], "runs": [r["run"] for r in g],
-                      "seeds": [r["seed"] for r in g], metric: _mean_std(r["final_metric"]["value"] for r in g),
-                      **{key: _mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
-                         for key in parts + [f"k_{a}" for a in ALPHAS]}})
-    path = os.path.join(out_dir, f"compare_{kind}_")
-    curves = [(f"n_lap={k}", color[k], {key: _mean_curve([r["layerwise"][key] for r in groups[k]])
-                                         for key in ("within_seq_frac", "cosine")}) for k in order]
+    parts = [k for k in FRACS if k in results[0]["anova"]]
+    table = [{"n_lap": k, "n_lap_mean": g[0]["n_lap_mean"], "runs": [r["run"] for r in g],
+              "seeds": [r["seed"] for r in g], metric: _mean_std(r["final_metric"]["value"] for r in g),
+              **{key: _mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
+                 for key in parts + [f"k_{a}" for a in ALPHAS]},
+              "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]}}
+             for k, g in groups.items()]
+    curves = [(f"n_lap={k}", color[k], {key: _mean_curve([r["layerwise"][key] for r in g])
+                                         for key in ("within_seq_frac", "cosine")}) for k, g in groups.items()]
     spread = seeds_note([len(g["runs"]) for g in table])  # what the error bars stand for, in their figures' titles
-    bars = "\n(" + spread.replace("+-", "$\\pm$") + ")"
+    bars, path = "\n(" + spread.replace("+-", "$\\pm$") + ")", os.path.join(out_dir, prefix)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     figs = [fig_errorbars(xs, order, [(None, [row[metric] for row in table])], f"final {metric} ({better} is better)",
-                          f"{kind}: {metric} vs n_lap{bars}", path + "metric.png"),
-            fig_anova([{k: row[k]["mean"] for k in parts} for row in table], order, parts, f"{kind}: ANOVA, {where}"
+                          f"{name}: {metric} vs n_lap{bars}", path + "metric.png"),
+            fig_anova([{k: row[k]["mean"] for k in parts} for row in table], order, parts, f"{name}: ANOVA, {where}"
                       + (", next-token classes" if kind == "gpt" else ""), "Laplacian heads per layer", path + "anova.png"),
             fig_errorbars(xs, order, [(f"$k_{{{a}}}$", [row[f"k_{a}"] for row in table]) for a in ALPHAS],
-                          "principal components needed", f"{kind}: k_alpha of within-sequence centred tokens{bars}",
+                          "principal components needed", f"{name}: k_alpha of within-sequence centred tokens{bars}",
                           path + "kalpha.png"),
-            fig_spectrum([(f"n_lap={k}", color[k], _mean_curve([r["spectrum"]["lambda_mean"] for r in groups[k]]))
-                          for k in order], f"{kind}: mean spectra", path + "spectra.png"),
+            fig_spectrum([(f"n_lap={k}", color[k], _mean_curve([r["spectrum"]["lambda_mean"] for r in g]))
+                          for k, g in groups.items()], f"{name}: mean spectra", path + "spectra.png"),
             fig_collapse(curves, max((r["layerwise"]["layer"] for r in results), key=len),
-                         f"{kind}: layerwise within-sequence collapse", path + "collapse.png")]
+                         f"{name}: layerwise within-sequence collapse", path + "collapse.png")]
     differ = differing_settings([r["train_config"] for r in results])
     if differ:
-        print(f"note: the {kind} runs also differ in {', '.join(differ)}; the comparison groups them by n_lap only")
-    return {"kind": kind, "metric": metric, "groups": table, "figures": figs, "differing_settings": differ, "spread": spread}
+        print(f"note: the {name} runs also differ in {', '.join(differ)}; the comparison groups them by n_lap only")
+    return {"name": name, "kind": kind, "where": where, "metric": metric, "groups": table, "differing_settings": differ,
+            "spread": spread, "figures": [os.path.join(os.path.dirname(prefix), f) for f in figs]}  # paths in out_dir
 
 # settings that do not change what a run learns (paths, logging, hardware), ignored when comparing runs
 OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
@@ -569,18 +581,96 @@ def differing_settings(configs):
     keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
     return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
 
-def compare_summary(comparisons, results):
-    lines = ["# Comparison over n_lap", ""]
-    ms = lambda d: "n/a" if d["mean"] is None else f"{d['mean']:.4g}" + ("" if d["n"] == 1 else f" +- {d['std']:.2g}")
+def read_result(run_dir):  # the key=value pairs of the RESULT line in run_dir/result.txt; {} without one
+    path = os.path.join(run_dir, "result.txt")
+    return dict(w.split("=", 1) for w in open(path).read().split() if "=" in w) if os.path.isfile(path) else {}
+
+def run_metrics(a, result, a_all=None):
+    """What a comparison tabulates of a run, from its analysis a, its RESULT line's values and (ViT, DINO) optionally
+    the analysis a_all of all its tokens: the end metrics (END_METRICS; FINAL_METRIC's from log.jsonl where result
+    lacks it), the ANOVA fractions (at the analysed layer) of the patch tokens (GPT: of next-token classes) and of all
+    tokens (with CLS), the within-sequence share after the last block, NC1 (ViT: of the pooled features), k_0.99."""
+    fm, nc, kind = a["final_metric"], a.get("nc", {}), a["kind"]
+    ends = {fm["name"]: fm["value"], **{k: float(v) for k, v in result.items() if k in END_METRICS[kind]}}
+    m = {k: ends.get(k) for k in END_METRICS[kind]}
+    cls = "CLS" in a["settings"].get("tokens", "")  # a itself is of all tokens (--tokens=all)
+    sources = [("next-token", a)] if kind == "gpt" else [("patch", None if cls else a), ("all", a if cls else a_all)]
+    for label, b in sources:
+        m.update({f"{f[:-5]} ({label})": b and b["anova"].get(f) for f in (FRACS[1:] if kind == "gpt" else FRACS[::2])})
+    return dict(m, **{"within_seq after last block": a["layerwise"]["within_seq_frac"][-2],  # [-1]: the final norm
+                      "nc1": nc.get("nc1", nc.get("pooled", {}).get("nc1")), "k_0.99": a["spectrum"]["k_0.99"]})
+
+def effect(v0, v1):
+    """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
+    (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0."""
+    s0, s1 = _mean_std(v0), _mean_std(v1)
+    se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"]) if min(s0["n"], s1["n"]) > 1 else None
+    return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
+
+def compare_summary(comparisons, intro):
+    """summary.md of compare()'s sets: the runs' metrics as mean ± std over seeds per n_lap, and the effect of the
+    largest n_lap against n_lap = 0."""
+    lines = ["# Comparison over n_lap", "", intro]
     for c in comparisons:
-        keys = [c["metric"]] + [k for k in FRACS if k in c["groups"][0]] + [f"k_{a}" for a in ALPHAS]
-        lines += [f"## {c['kind']} ({sum(len(g['runs']) for g in c['groups'])} runs; {c['spread']})", ""] + (
+        groups, g0, g1 = c["groups"], c["groups"][0], c["groups"][-1]
+        keys = [k for k in g0["values"] if any(g["values"][k] for g in groups)]
+        lines += ["", f"## {c['name']} ({c['kind']}, ANOVA at the {c['where']})", ""] + (
             [f"Note: these runs also differ in {', '.join(c['differing_settings'])}.", ""] if c["differing_settings"] else [])
-        lines += ["| n_lap | runs | " + " | ".join(keys) + " |", "|---" * (2 + len(keys)) + "|"]
-        lines += [f"| {g['n_lap']} | {len(g['runs'])} | " + " | ".join(ms(g[k]) for k in keys) + " |" for g in c["groups"]]
-        lines += ["", "Figures: " + ", ".join(c["figures"]), ""]
-    return "\n".join(lines + ["Per-run analyses (analysis.json, summary.md, figures): "
-                              + ", ".join(f"{os.path.basename(r['out_dir'])}/" for r in results), ""])
+        lines += [f"| n_lap | runs | {' | '.join(keys)} |", "|---" * (len(keys) + 2) + "|"]
+        lines += [f"| {g['n_lap']} | {len(g['runs'])} | " + " | ".join(_ms(_mean_std(g["values"][k])) for k in keys)
+                  + " |" for g in groups]
+        if len(groups) < 2 or g0["n_lap_mean"] != 0:
+            lines += ["", "No effect table: it needs runs with n_lap = 0 and with more Laplacian heads."]
+        else:
+            lines += ["", f"| n_lap = {g1['n_lap']} − n_lap = 0 | difference | std. error | sign | separated |",
+                      "|---" * 5 + "|"]
+            for k in [k for k in keys if g0["values"][k] and g1["values"][k]]:
+                diff, se, apart = effect(g0["values"][k], g1["values"][k])
+                sign = "+" if diff > 0 else "−" if diff < 0 else "0"
+                lines.append(f"| {k} | {diff:+.4g} | {_fmt(se, '.2g')} | {sign} | {'yes' if apart else 'no'} |")
+            n0, n1 = len(g0["runs"]), len(g1["runs"])
+            lines += ["", f"difference = mean(n_lap = {g1['n_lap']}) − mean(n_lap = 0); std. error = sqrt(s0²/n0 + "
+                      "s1²/n1), s the unbiased std (n/a with one seed); separated = yes when every seed of one group "
+                      f"lies strictly beyond every seed of the other. With {n0} + {n1} seeds an exact permutation "
+                      f"test's smallest two-sided p is 2 / C({n0 + n1}, {n0}) = "
+                      f"{min(1, 2 / math.comb(n0 + n1, n0)):.2g}: 'separated' is the most these seeds can show."]
+        lines += ["", "Figures: " + ", ".join(c["figures"])]
+    return "\n".join(lines + [""])
+
+# ---------------------------------------------------------------- the sweep's report (--report)
+
+def collect_runs(root):
+    """{set: [run]} of the folders root/<set>/<run>/ with analysis.json and result.txt: a run is its analysis.json with
+    "run" = the folder and "metrics" = run_metrics() of it, its result.txt and analysis_all.json (all tokens)."""
+    if not os.path.isdir(root):
+        raise UsageError(f"--report={root}: no such folder; give the results folder of results/sweep.sh, e.g. "
+                         f"--report=results")
+    sets, read = {}, lambda d, f: json.load(open(os.path.join(d, f))) if os.path.isfile(os.path.join(d, f)) else None
+    for d in sorted(os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(root), "*", "*", "result.txt"))):
+        a = read(d, "analysis.json")
+        if a is not None:
+            m = run_metrics(a, read_result(d), read(d, "analysis_all.json"))
+            sets.setdefault(os.path.basename(os.path.dirname(d)), []).append(dict(a, run=d, metrics=m))
+    if not sets:
+        raise UsageError(f"--report={root}: no run folders <set>/<run>/ with analysis.json and result.txt; give the "
+                         f"results folder of results/sweep.sh once a run has finished (--report=results)")
+    return sets
+
+def write_report(root, dest):
+    """--report: compare() of each set of root/<set>/<run>/ (figures in dest/figures/<set>/), summary.md and the
+    headline figure, from the saved artefacts alone."""
+    collected, sets = collect_runs(root), {}
+    for name, runs in collected.items():
+        cfg = runs[0]["train_config"]
+        sets[name] = dict(compare(runs, dest, os.path.join("figures", name, ""), name), dataset=cfg.get("dataset"),
+                          label=f"{cfg['epochs']} epochs" if cfg.get("epochs") else name)
+    intro = (f"`python analyze.py --report={root}`: end metrics from each run's result.txt, the rest from its "
+             "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")
+    text.write_atomic(os.path.join(dest, "summary.md"), compare_summary(sets.values(), intro).encode())
+    headline = fig_headline(sets, os.path.join(dest, "figures", "headline.png"))
+    written = [f for c in sets.values() for f in c["figures"]] + ["summary.md", os.path.join("figures", headline)]
+    print("\n".join(f"wrote {os.path.join(dest, f)}" for f in written))
+    nanolap.write_result(dest, sets=",".join(sets), runs=sum(map(len, collected.values())), out=dest)
 
 # ---------------------------------------------------------------- run
 
@@ -589,6 +679,11 @@ if __name__ == "__main__":
     is_run = lambda a: not a.startswith("-") and (os.path.isdir(a) or a.endswith(".pt") or not os.path.exists(a))
     config, _ = nanolap.configure(globals(), [a for a in sys.argv[1:] if not is_run(a)])  # no literal global before it
     paths = [a for a in sys.argv[1:] if is_run(a)]
+    if report:  # the sweep's report from saved artefacts: no checkpoint, model or data
+        if paths:
+            raise UsageError(f"--report reads {report}/<set>/<run>/ alone; give it no run directories ({paths[0]})")
+        write_report(report, out or report)
+        sys.exit(0)
     # ---- validation of the options and of every checkpoint, before any work
     missing = [p for p in paths if not os.path.exists(p)]
     if missing or not paths:
@@ -642,10 +737,10 @@ if __name__ == "__main__":
         data_dir, dataset = cfg.get("data_dir", "data"), cfg.get("dataset")
         if kind == "gpt":
             T = seq_len or cfg.get("block_size") or model.config.block_size
-            x, targets = load_windows(data_dir, dataset, T, max_samples)
+            x, targets = text.load_windows(data_dir, dataset, T, max_samples)
             r, top = gpt_pass(model, x, targets, layer, n_targets, batch_size, device)
             res.update(r)
-            res["anova"].update(targets=top, target_names=token_names(data_dir, dataset, top))
+            res["anova"].update(targets=top, target_names=text.token_names(data_dir, dataset, top))
             res["settings"] = dict(layer=layer, tokens="all positions of each window", seq_len=T, n_samples=len(x),
                                    n_targets=n_targets, dataset=dataset)
             anova_fig = fig_anova([res["anova"]], ["all positions"], FRACS[1:], f"next-token classes: top "
@@ -694,7 +789,13 @@ if __name__ == "__main__":
         groups = {kind: [r for r in results if r["kind"] == kind] for kind in sorted({r["kind"] for r in results})}
         for kind in [kind for kind, group in groups.items() if len(group) < 2]:
             print(f"only one {kind} run: no {kind} comparison")
-        comparisons = [compare(group, out, kind, where) for kind, group in groups.items() if len(group) > 1]
-        write_outputs({"runs": results, "comparisons": comparisons}, compare_summary(comparisons, results), out)
+        for r in results:
+            r["metrics"] = run_metrics(r, read_result(r["run"]))
+        comparisons = [compare(group, out, f"compare_{kind}_", kind)
+                       for kind, group in groups.items() if len(group) > 1]
+        intro = ("End metrics from each run's result.txt (else its log.jsonl), the rest from its analysis; mean ± std "
+                 "(unbiased) over seeds. Per-run analyses (analysis.json, summary.md, figures): "
+                 + ", ".join(f"{os.path.basename(r['out_dir'])}/" for r in results) + ".")
+        write_outputs({"runs": results, "comparisons": comparisons}, compare_summary(comparisons, intro), out)
         print(f"wrote {out}: analysis.json, summary.md, " + ", ".join(f for c in comparisons for f in c["figures"]))
         nanolap.write_result(out, runs=len(results), comparisons=",".join(c["kind"] for c in comparisons) or "none", out=out)

@@ -140,6 +140,25 @@ def windows(tokens, starts, block_size, device):
     return x.to(device), y.to(device)
 
 
+def load_windows(data_dir, dataset, T, max_samples):
+    """Up to max_samples windows (n, T) and their next-token targets, evenly spread over the validation tokens."""
+    val = load_tokens(data_dir, dataset, "val")
+    n = min(max_samples, (len(val) - 1) // T)
+    if n < 1:
+        raise UsageError(f"the validation split of {dataset!r} has {len(val)} tokens, fewer than one window of "
+                         f"seq_len+1 = {T + 1}; pass a smaller --seq_len")
+    return windows(val, [i * (len(val) - T - 1) // max(n - 1, 1) for i in range(n)], T, "cpu")
+
+
+def token_names(data_dir, dataset, ids):
+    """Readable names of token ids: the repr of each decoded token, or the ids when the tokenizer is unavailable."""
+    try:
+        tok = get_tokenizer(load_meta(data_dir, dataset))
+        return [repr(tok.decode([i])) for i in ids]
+    except Exception:  # names are a nicety (GPT-2 BPE needs tiktoken's downloaded vocabulary); ids are exact
+        return [str(i) for i in ids]
+
+
 def get_batch(tokens, seed, step, index, batch_size, block_size, device):
     """Micro-batch `index` of optimiser step `step`: random windows, a pure function of (seed, step,
     index); so a resumed run draws exactly the batches the uninterrupted one would have."""

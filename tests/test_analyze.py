@@ -20,7 +20,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import analyze  # noqa: E402
-from data import images  # noqa: E402
+from data import images, text  # noqa: E402
 from nanolap import UsageError, make_config, build_model, save_checkpoint  # noqa: E402
 
 FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
@@ -283,7 +283,7 @@ def test_help_lists_the_options_only(capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     options = [line.split("=")[0].strip() for line in text.splitlines() if line.startswith("  --")]
-    assert options == ["--" + k for k in ("out", "max_samples", "batch_size", "layer", "tokens", "seq_len", "n_targets",
+    assert options == ["--" + k for k in ("out", "report", "max_samples", "batch_size", "layer", "tokens", "seq_len", "n_targets",
                                           "etf_classes", "pca_images", "map_images", "device", "seed")]
     assert "Neural Collapse" in text and "# output folder" in text  # the docstring and the option comments
 
@@ -354,6 +354,15 @@ def check_outputs(out, figures):
     return res
 
 
+def report_metrics(tmp_path, res, result):
+    """The metrics --report reads of a real analysis.json res and a RESULT line's values."""
+    d = tmp_path / "results" / res["kind"] / "k0-s0"
+    d.mkdir(parents=True)
+    (d / "analysis.json").write_text(json.dumps(res))
+    (d / "result.txt").write_text(f"RESULT {result} n_lap=0\n")
+    return analyze.collect_runs(str(tmp_path / "results"))[res["kind"]][0]["metrics"]
+
+
 def result_line(out):
     line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
     return dict(kv.split("=", 1) for kv in line.split()[1:])
@@ -410,6 +419,11 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     assert figure_texts["etf.png"]["titles"] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
                                                  f"tokens = {analyze.ETF_TOKENS} of the patch tokens only of each image"]
     assert "band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)" in figure_texts["spectrum.png"]["legend"]
+    m = report_metrics(tmp_path, res, "val_acc=0.9 val_loss=0.3")  # what --report reads of this analysis.json
+    assert m == {"val_acc": 0.9, "val_loss": 0.3, "within_seq (patch)": res["anova"]["within_seq_frac"],
+                 "between_class (patch)": res["anova"]["between_class_frac"], "within_seq (all)": None,
+                 "between_class (all)": None, "within_seq after last block": lw["within_seq_frac"][1],
+                 "nc1": res["nc"]["pooled"]["nc1"], "k_0.99": res["spectrum"]["k_0.99"]}
 
 
 def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, figure_texts):
@@ -428,6 +442,9 @@ def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, fig
     res = check_outputs(tmp_path / "all", VIT_FIGURES)
     assert res["nc"]["seq_means"]["features"] == "seq_means = mean of the patch tokens and the CLS token, final norm"
     assert len(figure_texts["etf.png"]["titles"]) == 3 and res["nc"]["pooled"]["nc1"] != res["nc"]["seq_means"]["nc1"]
+    m = analyze.run_metrics(res, {})  # a comparison's metrics: these tokens count as all tokens; no result.txt
+    assert m["within_seq (all)"] == res["anova"]["within_seq_frac"] and m["within_seq (patch)"] is None
+    assert m["val_acc"] == 0.5 and m["val_loss"] is None  # the headline metric from log.jsonl
 
 
 def test_seeds_note():
@@ -494,10 +511,13 @@ def test_end_to_end_gpt(tmp_path, capsys):
     assert res["nc"]["nc1"] > 0 and len(res["spectrum"]["lambda_mean"]) == 32
     assert res["n_lap_label"] == "2 [0, 4]" and res["final_metric"]["name"] == "val_loss"
     assert len(res["layerwise"]["within_seq_frac"]) == 3 and "anova" not in res["layerwise"]
+    m = report_metrics(tmp_path, res, "val_loss=1.5 val_bpb=2.2")  # what --report reads of this analysis.json
+    assert m["val_bpb"] == 2.2 and m["within_class (next-token)"] == a["within_class_frac"] and m["nc1"] == res["nc"]["nc1"]
+    assert m["within_seq after last block"] == res["layerwise"]["within_seq_frac"][1] and "within_seq (patch)" not in m
     r = result_line(capsys.readouterr().out)
     assert r["kind"] == "gpt" and r["n_lap"] == "2[0,4]" and r["nc1"] == f"{res['nc']['nc1']:.4g}"
     # the windows: evenly spread, non-overlapping, inputs followed by their next-token targets
-    x, t = analyze.load_windows(data_dir, "tiny", 16, 5)
+    x, t = text.load_windows(data_dir, "tiny", 16, 5)
     val = np.fromfile(os.path.join(data_dir, "tiny", "val.bin"), dtype=np.uint16)
     starts = [i * (len(val) - 17) // 4 for i in range(5)]
     assert x.shape == t.shape == (5, 16) and torch.equal(x[:, 1:], t[:, :-1])
@@ -505,7 +525,7 @@ def test_end_to_end_gpt(tmp_path, capsys):
     with pytest.raises(UsageError, match="seq_len"):
         run_analyze(run, "--seq_len=64")
     with pytest.raises(UsageError, match="fewer than one window"):
-        analyze.load_windows(data_dir, "tiny", 4000, 5)
+        text.load_windows(data_dir, "tiny", 4000, 5)
     with pytest.raises(UsageError, match="not prepared"):  # data.text's message for missing data
         run_analyze(make_run(tmp_path / "gpt2", "gpt", dataset="nowhere", data_dir=data_dir))
 
@@ -578,9 +598,10 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
     for g in groups.values():
         assert sum(g[k]["mean"] for k in FRACS) == pytest.approx(1.0)
     assert result_line(capsys.readouterr().out) == {"runs": "4", "comparisons": "vit", "out": str(out)}
-    assert "| 0 | 2 | 0.605 +- 0.0071 |" in (out / "summary.md").read_text()
-    assert c["spread"] == "mean +- std over 1-2 seeds per point" and "runs; mean +- std over 1-2 seeds per point)" in (
-        out / "summary.md").read_text()
+    md = (out / "summary.md").read_text()  # the table of --report: end metrics (here log.jsonl's), effect of n_lap
+    assert "## vit (vit, ANOVA at the final norm)" in md and "| 0 | 2 | 0.605 ± 0.0071 |" in md
+    assert "| val_acc | +0.395 | n/a | + | yes |" in md and "Figures: " + ", ".join(figs) in md
+    assert c["spread"] == "mean +- std over 1-2 seeds per point" and c["groups"][0]["values"]["val_acc"] == [0.6, 0.61]
     for f in ("compare_vit_metric.png", "compare_vit_kalpha.png"):
         assert figure_texts[f]["titles"][0].endswith("\n(mean $\\pm$ std over 1-2 seeds per point)"), figure_texts[f]
     one_seed = [make_run(tmp_path / f"one-k{k}", "vit", n_lap=k, dataset="fashion_mnist", data_dir=fashion_dir)
@@ -590,6 +611,101 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
     # settings that differ besides n_lap and seed are reported; paths, seeds and keys not all runs record are not
     configs = [dict(lr=1e-3, seed=0, out_dir="a", epochs=5), dict(lr=2e-3, seed=1, out_dir="b", epochs=5, extra=1)]
     assert analyze.differing_settings(configs) == ["lr"]
+
+
+def fake_run(root, kind, n_lap, seed, result, frac, epochs=6):
+    """A run folder of results/sweep.sh (epochs=18: of vit_long): result.txt, log.jsonl and an analysis.json with the
+    fields analyze.py writes (a 2-block model), its final-norm within_seq_frac (GPT: within_class_frac) = frac;
+    analysis_all.json with frac / 2 (ViT, DINO)."""
+    d = root / ("vit_long" if epochs == 18 else kind) / f"k{n_lap}-s{seed}"
+    d.mkdir(parents=True)
+    def analysis(frac):
+        anova = ({"within_class_frac": frac, "between_class_frac": 1 - frac} if kind == "gpt" else
+                 {"within_seq_frac": frac, "within_class_frac": (1 - frac) / 4, "between_class_frac": 3 * (1 - frac) / 4})
+        nc = {"vit": {"pooled": {"nc1": 1.0 + n_lap + seed}}, "gpt": {"nc1": 2.0}, "dino": {}}[kind]
+        return dict(run=str(d), kind=kind, n_lap=n_lap, n_lap_mean=float(n_lap), n_lap_label=str(n_lap), n_head=4, seed=seed,
+                    step=10, final_metric={"name": analyze.FINAL_METRIC[kind][0], "value": 0.5, "step": 10},
+                    train_config=dict(seed=seed, n_lap=n_lap, epochs=epochs, out_dir=str(d)), settings={"layer": -1},
+                    anova=anova, nc=nc, spectrum={"lambda_mean": [4.0, 2.0, 1.0, 0.0], "k_0.9": 2.0, "k_0.99": 3.0 + seed},
+                    layerwise={"layer": ["1", "2", "norm"], "within_seq_frac": [0.9, 0.8 - n_lap / 10, frac],
+                               "cosine": [0.1, 0.2, 0.3]})
+    (d / "analysis.json").write_text(json.dumps(analysis(frac)))
+    if kind != "gpt":
+        (d / "analysis_all.json").write_text(json.dumps(analysis(frac / 2)))
+    (d / "log.jsonl").write_text(json.dumps({"step": 10, **result}) + "\n")
+    (d / "result.txt").write_text("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()) + f" n_lap={n_lap}\n")
+
+
+def test_report_from_saved_artefacts(tmp_path):
+    """--report as a user runs it: summary.md's mean +- std and effect table (one metric separated, one overlapping),
+    the figures; a folder without runs is a one-line error."""
+    root = tmp_path / "results"
+    vit = {0: ([0.80, 0.82], [0.50, 0.40], [0.30, 0.34]), 4: ([0.85, 0.86], [0.45, 0.42], [0.20, 0.22])}
+    for k, (acc, loss, frac) in vit.items():  # val_acc separated (+), val_loss overlapping (-)
+        for s in (0, 1):
+            fake_run(root, "vit", k, s, dict(val_acc=acc[s], val_loss=loss[s]), frac[s])
+            fake_run(root, "vit", k, s, dict(val_acc=acc[s] + 0.05, val_loss=loss[s]), frac[s], epochs=18)
+    for k, bpb in ((0, 2.2), (2, 2.1)):
+        fake_run(root, "gpt", k, 0, dict(val_loss=bpb / 1.4, val_bpb=bpb), 0.6)
+        fake_run(root, "dino", k, 0, dict(knn_acc=0.7, linear_acc=0.75, seg_miou=0.1), 0.5)
+    (root / "figures").mkdir()  # folders without runs are passed over
+    p = subprocess.run([sys.executable, SCRIPT, f"--report={root}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert result_line(p.stdout) == {"sets": "dino,gpt,vit,vit_long", "runs": "12", "out": str(root)}
+    figures = [f"figures/{s}/{f}.png" for s in ("dino", "gpt", "vit", "vit_long")
+               for f in ("metric", "anova", "kalpha", "spectra", "collapse")] + ["figures/headline.png"]
+    for f in figures + ["summary.md"]:
+        assert f"wrote {root / f}" in p.stdout.splitlines() and os.path.getsize(root / f) > 500, f
+    md = (root / "summary.md").read_text()
+    ms = lambda v: f"{np.mean(v):.4g} ± {np.std(v, ddof=1):.2g}"
+    vit_md = md.split("## vit (")[1].split("## ")[0]
+    assert (f"| 0 | 2 | {ms(vit[0][0])} | {ms(vit[0][1])} | {ms(vit[0][2])} | " in vit_md and
+            f"| 4 | 2 | {ms(vit[4][0])} | {ms(vit[4][1])} | {ms(vit[4][2])} | " in vit_md)
+    se = [math.sqrt(np.var(vit[0][i], ddof=1) / 2 + np.var(vit[4][i], ddof=1) / 2) for i in (0, 1)]
+    assert f"| val_acc | +0.045 | {se[0]:.2g} | + | yes |" in vit_md
+    assert f"| val_loss | -0.015 | {se[1]:.2g} | − | no |" in vit_md  # 0.45, 0.42 lie inside 0.40-0.50
+    assert "| within_seq after last block | -0.4 | 0 | − | yes |" in vit_md
+    assert "2 + 2 seeds an exact permutation test's smallest two-sided p is 2 / C(4, 2) = 0.33" in vit_md
+    assert "Figures: " + ", ".join(f for f in figures if f.startswith("figures/vit/")) in vit_md
+    gpt_md = md.split("## gpt (")[1].split("## ")[0]
+    assert "| 0 | 1 | 2.2 | " in gpt_md and "within_class (next-token)" in gpt_md and "(patch)" not in gpt_md
+    assert "| val_bpb | -0.1 | n/a | − | yes |" in gpt_md  # one seed each: no standard error
+    assert "nc1" not in md.split("## dino (")[1].split("## ")[0]  # no NC for DINO
+    # no runs, no folder, run directories besides --report: one-line errors
+    (tmp_path / "empty").mkdir()
+    p = subprocess.run([sys.executable, SCRIPT, "--report=empty"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("error: --report=empty: no run folders") and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    with pytest.raises(UsageError, match="no such folder"):
+        run_analyze(f"--report={tmp_path / 'typo'}")
+    with pytest.raises(UsageError, match="no run directories"):
+        run_analyze(f"--report={root}", str(root / "vit" / "k0-s0"))
+
+
+def test_headline_figure(tmp_path, figure_texts):
+    """A column per paradigm present (vit, gpt, dino order), the headline metric on top and the within-sequence share
+    (GPT: within-class share of next-token classes) below; a second ViT set is a series labelled with its epochs, and
+    a DINO set on another dataset (the scenes) stays out of the DINO column."""
+    group = lambda k, n, values: dict(n_lap=str(k), n_lap_mean=float(k), runs=["run"] * n, values=values)
+    vit = lambda label, ks: dict(kind="vit", label=label, dataset="fashion_mnist", groups=[
+        group(k, 3, {"val_acc": [0.8 + k / 100] * 3, "within_seq (patch)": [0.3 - k / 50] * 3}) for k in ks])
+    gpt = dict(kind="gpt", label="gpt", dataset="shakespeare_char", groups=[
+        group(k, 1, {"val_bpb": [2.2 - k / 20], "within_class (next-token)": [0.7]}) for k in (0, 2)])
+    dino = lambda dataset: dict(kind="dino", label=dataset, dataset=dataset, groups=[
+        group(k, 1, {"knn_acc": [0.7], "within_seq (patch)": [0.9]}) for k in (0, 4)])
+    analyze.fig_headline({"dino": dino("fashion_mnist"), "dino_scenes": dino("scenes"), "gpt": gpt,
+                          "vit": vit("6 epochs", (0, 2, 4)), "vit_long": vit("18 epochs", (0, 4))},
+                         str(tmp_path / "headline.png"))
+    t = figure_texts["headline.png"]
+    three, one = "(mean $\\pm$ std over 3 seeds per point)", "(1 seed per point, no spread)"
+    assert t["titles"] == [f"vit: val_acc (higher is better)\n{three}", f"gpt: val_bpb (lower is better)\n{one}",
+                           f"dino: knn_acc (higher is better)\n{one}",
+                           f"vit: within-sequence share of patch tokens\n{three}",
+                           f"gpt: within-class share of next-token classes\n{one}",
+                           f"dino: within-sequence share of patch tokens\n{one}"]
+    assert t["legend"] == ["6 epochs", "18 epochs"] * 2  # one series per ViT set, in both panels; GPT, DINO: none
 
 
 def test_bad_input(tmp_path, fashion_dir):
