@@ -449,13 +449,13 @@ def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [
 def fig_headline(sets, path):
     """The README's figure, a column per paradigm: its headline end metric (END_METRICS' first; top) and the
     within-sequence share of the patch tokens (GPT: the within-class share of next-token classes; bottom) against n_lap,
-    mean +- std over seeds. Sets of one kind and dataset (vit, vit_long) are series of their own, labelled with their
-    epochs; a set on another dataset (dino_scenes) is left out."""
+    mean +- std over seeds. Sets of the first set's recipe at other lengths (vit_long) are series of their own,
+    labelled with their epochs; sets of other recipes (vit_cls, dino_scenes) are left out."""
     kinds = [k for k in END_METRICS if any(c["kind"] == k for c in sets.values())]
     fig, axes = _plt().subplots(2, len(kinds), figsize=(4.8 * len(kinds), 7.4), squeeze=False)
     for kind, col in zip(kinds, axes.T):
         same = [c for c in sets.values() if c["kind"] == kind]
-        same = [c for c in same if c["dataset"] == same[0]["dataset"]]  # one dataset per column (not DINO's scenes)
+        same = [c for c in same if set(differing_settings([same[0]["config"], c["config"]])) <= {"epochs"}]  # one recipe
         points = sorted({(g["n_lap_mean"], g["n_lap"]) for c in same for g in c["groups"]})  # (x, label) of every set
         bars = seeds_note([len(g["runs"]) for c in same for g in c["groups"]]).replace("+-", "$\\pm$")
         share = (("within_class (next-token)", "within-class share of next-token classes") if kind == "gpt" else
@@ -662,7 +662,7 @@ def write_report(root, dest):
     collected, sets = collect_runs(root), {}
     for name, runs in collected.items():
         cfg = runs[0]["train_config"]
-        sets[name] = dict(compare(runs, dest, os.path.join("figures", name, ""), name), dataset=cfg.get("dataset"),
+        sets[name] = dict(compare(runs, dest, os.path.join("figures", name, ""), name), config=cfg,
                           label=f"{cfg['epochs']} epochs" if cfg.get("epochs") else name)
     intro = (f"`python analyze.py --report={root}`: end metrics from each run's result.txt, the rest from its "
              "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")

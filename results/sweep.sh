@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The reproduction sweep behind RESULTS.md: every paradigm over n_lap (Laplacian heads per layer, of 4) and
 # seeds 0-2, then analyze.py on every run. Two single-threaded runs at a time (accuracy does not depend on
-# machine load); about 100 minutes on 2 cores. Checkpoints stay in out/sweep/; the small artefacts each run
+# machine load); about two hours on 2 cores. Checkpoints stay in out/sweep/; the small artefacts each run
 # keeps (log.jsonl, result.txt, analysis.json for patch tokens and analysis_all.json with the CLS token) are
-# copied to results/<set>/k<n_lap>-s<seed>/ (set: vit, gpt, dino, vit_long, dino_scenes). A finished run (its
-# result.txt copied) is skipped, so an interrupted sweep continues where it stopped.
+# copied to results/<set>/k<n_lap>-s<seed>/ (set: vit, gpt, dino, vit_long, vit_cls, dino_scenes). A finished
+# run (its result.txt copied) is skipped, so an interrupted sweep continues where it stopped.
 #
 #     bash results/sweep.sh                 # train, analyse, collect
+#     bash results/sweep.sh vit_long        # only the jobs whose line matches this pattern (see jobs below)
 #     python analyze.py --report=results    # the comparison tables and figures from the artefacts, in seconds
 #
-# Lengths are shorter than the scripts' CPU defaults so that the 53 runs fit in two hours of a 2-core machine:
+# Lengths are shorter than the scripts' CPU defaults so that the 47 runs fit in two hours of a 2-core machine:
 # ViT 4 epochs (default 18), GPT 1000 steps (default 2000), DINO 1.5 epochs (default 6); the schedules are
-# compressed, not cut. The long ViT runs (n_lap 0 and 4, three seeds) train three times as long: 12 epochs.
+# compressed, not cut. The long ViT runs (n_lap 0 and 4, three seeds) train three times as long: 12 epochs;
+# vit_cls feeds the head the CLS token instead of the mean of the patch tokens (DeiT-III's choice).
 # The ViT runs one process with batch 256, the same global batch, data order and draws as the default's
 # 2 processes of 128.
 set -euo pipefail
@@ -47,7 +49,8 @@ jobs() {  # seed by seed, so that a cut-short sweep still has whole seeds; long 
         for k in 0 1 2 3 4; do echo "vit $k $s"; done
     done
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_long --epochs=12"; done; done  # three times as long
+    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_cls --pooling=cls"; done; done  # the CLS token as the head's input
     # DINO on the generated scenes (items on textured backgrounds, where raw pixels are weak), for the PCA maps
     for k in 0 4; do echo "dino $k 0 dino_scenes --dataset=scenes --global_size=56 --epochs=3"; done
 }
-jobs | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _
+jobs | grep -E -- "${1:-.}" | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _

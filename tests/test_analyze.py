@@ -686,17 +686,18 @@ def test_report_from_saved_artefacts(tmp_path):
 
 def test_headline_figure(tmp_path, figure_texts):
     """A column per paradigm present (vit, gpt, dino order), the headline metric on top and the within-sequence share
-    (GPT: within-class share of next-token classes) below; a second ViT set is a series labelled with its epochs, and
-    a DINO set on another dataset (the scenes) stays out of the DINO column."""
+    (GPT: within-class share of next-token classes) below; a ViT set of the same recipe at another length is a series
+    labelled with its epochs; sets of other recipes (CLS pooling, DINO on the scenes) stay out."""
     group = lambda k, n, values: dict(n_lap=str(k), n_lap_mean=float(k), runs=["run"] * n, values=values)
-    vit = lambda label, ks: dict(kind="vit", label=label, dataset="fashion_mnist", groups=[
+    vit = lambda epochs, ks, pooling="mean": dict(kind="vit", label=f"{epochs} epochs", config=dict(
+        dataset="fashion_mnist", epochs=epochs, pooling=pooling, seed=0), groups=[
         group(k, 3, {"val_acc": [0.8 + k / 100] * 3, "within_seq (patch)": [0.3 - k / 50] * 3}) for k in ks])
-    gpt = dict(kind="gpt", label="gpt", dataset="shakespeare_char", groups=[
+    gpt = dict(kind="gpt", label="gpt", config=dict(dataset="shakespeare_char"), groups=[
         group(k, 1, {"val_bpb": [2.2 - k / 20], "within_class (next-token)": [0.7]}) for k in (0, 2)])
-    dino = lambda dataset: dict(kind="dino", label=dataset, dataset=dataset, groups=[
+    dino = lambda dataset: dict(kind="dino", label=dataset, config=dict(dataset=dataset), groups=[
         group(k, 1, {"knn_acc": [0.7], "within_seq (patch)": [0.9]}) for k in (0, 4)])
     analyze.fig_headline({"dino": dino("fashion_mnist"), "dino_scenes": dino("scenes"), "gpt": gpt,
-                          "vit": vit("6 epochs", (0, 2, 4)), "vit_long": vit("18 epochs", (0, 4))},
+                          "vit": vit(6, (0, 2, 4)), "vit_cls": vit(6, (0, 4), "cls"), "vit_long": vit(18, (0, 4))},
                          str(tmp_path / "headline.png"))
     t = figure_texts["headline.png"]
     three, one = "(mean $\\pm$ std over 3 seeds per point)", "(1 seed per point, no spread)"
