@@ -581,10 +581,6 @@ def differing_settings(configs):
     keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
     return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
 
-def read_result(run_dir):  # the key=value pairs of the RESULT line in run_dir/result.txt; {} without one
-    path = os.path.join(run_dir, "result.txt")
-    return dict(w.split("=", 1) for w in open(path).read().split() if "=" in w) if os.path.isfile(path) else {}
-
 def run_metrics(a, result, a_all=None):
     """What a comparison tabulates of a run, from its analysis a, its RESULT line's values and (ViT, DINO) optionally
     the analysis a_all of all its tokens: the end metrics (END_METRICS; FINAL_METRIC's from log.jsonl where result
@@ -649,7 +645,7 @@ def collect_runs(root):
     for d in sorted(os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(root), "*", "*", "result.txt"))):
         a = read(d, "analysis.json")
         if a is not None:
-            m = run_metrics(a, read_result(d), read(d, "analysis_all.json"))
+            m = run_metrics(a, nanolap.read_result(d), read(d, "analysis_all.json"))
             sets.setdefault(os.path.basename(os.path.dirname(d)), []).append(dict(a, run=d, metrics=m))
     if not sets:
         raise UsageError(f"--report={root}: no run folders <set>/<run>/ with analysis.json and result.txt; give the "
@@ -790,7 +786,7 @@ if __name__ == "__main__":
         for kind in [kind for kind, group in groups.items() if len(group) < 2]:
             print(f"only one {kind} run: no {kind} comparison")
         for r in results:
-            r["metrics"] = run_metrics(r, read_result(r["run"]))
+            r["metrics"] = run_metrics(r, nanolap.read_result(r["run"]))
         comparisons = [compare(group, out, f"compare_{kind}_", kind)
                        for kind, group in groups.items() if len(group) > 1]
         intro = ("End metrics from each run's result.txt (else its log.jsonl), the rest from its analysis; mean ± std "

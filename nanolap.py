@@ -38,41 +38,82 @@ def apply_rope(x, cos, sin):  # x: (B, T, H, D), cos/sin: (1, T, 1, D/2)
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
 
 class MixedHeadAttention(nn.Module):
-    """n_head heads; the trailing n_lap of them output (I - P) V instead of P V."""
+    """n_head heads; the trailing n_lap of them output (I - P) V instead of P V.
+    graph='uniform' replaces every head's P by the plain average over the sequence (causal: over positions <= t),
+    the mean-mixing baseline: no queries or keys, and (I - P) V is each value minus the sequence's (running) mean."""
     def __init__(self, config, n_lap):
         super().__init__()
-        self.n_head, self.n_lap, self.causal, self.dropout = config.n_head, n_lap, config.causal, config.dropout
+        self.n_head = config.n_head
+        self.n_lap = n_lap
+        self.causal = config.causal
+        self.dropout = config.dropout
+        self.uniform = config.graph == "uniform"
         self.head_dim = config.n_embd // config.n_head
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        n_qkv = 1 if self.uniform else 3  # the uniform graph needs values only
+        self.qkv = nn.Linear(config.n_embd, n_qkv * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        use_qk_norm = config.qk_norm and not self.uniform
+        self.q_norm = make_norm(config, self.head_dim) if use_qk_norm else nn.Identity()
+        self.k_norm = make_norm(config, self.head_dim) if use_qk_norm else nn.Identity()
         self.resid_drop = nn.Dropout(config.dropout)
 
     def forward(self, x, rope=None, explicit=False, return_attn=False):
+        """(B, T, C) -> (B, T, C); return_attn: also P (B, H, T, T), through the explicit path."""
         B, T, C = x.shape
-        H, D, A = self.n_head, self.head_dim, self.n_head - self.n_lap  # A attention heads, then Laplacian
-        q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)  # each (B, T, H, D)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        y, P = self.heads(x, rope, explicit or return_attn)  # (B, T, H, D)
+        y = self.resid_drop(self.proj(y.reshape(B, T, C)))
+        return (y, P) if return_attn else y
+
+    def heads(self, x, rope=None, explicit=False):
+        """Every head's output before the output projection, (B, T, H, D), and P (B, H, T, T) (explicit path; else None)."""
+        B, T, C = x.shape
+        H, D = self.n_head, self.head_dim
+        A = H - self.n_lap  # A attention heads, then the Laplacian ones
+        if self.uniform:
+            v = self.qkv(x).view(B, T, H, D)
+        else:
+            q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)  # each (B, T, H, D)
+            q, k = self.q_norm(q), self.k_norm(k)
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D)
+        vh = v.transpose(1, 2)  # (B, H, T, D)
         drop = self.dropout if self.training else 0.0
         if not explicit:  # fast path: P V for every head in one fused call, then V - P V for the Laplacian heads
-            y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=self.causal)  # (B, H, T, D)
-            y = y.transpose(1, 2)  # (B, T, H, D)
+            if self.uniform:  # P V is the (running) mean of the values
+                y = uniform_mean(v, self.causal)  # (B, T, H, D)
+            else:
+                y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=self.causal)  # (B, H, T, D)
+                y = y.transpose(1, 2)  # (B, T, H, D)
             if self.n_lap:
                 y = torch.cat([y[:, :, :A], v[:, :, A:] - y[:, :, A:]], dim=2)  # (B, T, H, D): P V, then V - P V
-        else:  # explicit path: materialise P, build P or I - P per head, multiply
+            return y, None
+        # explicit path: materialise P, build P or I - P per head, multiply
+        if self.uniform:
+            P = uniform_graph(T, self.causal, x.device, x.dtype).expand(B, H, T, T)  # (B, H, T, T)
+        else:
             att = (q @ k.transpose(-2, -1)) * D ** -0.5  # (B, H, T, T)
             if self.causal:  # no token sees the future
                 att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
             P = F.dropout(att.softmax(dim=-1), drop, self.training)
-            is_lap = (torch.arange(H, device=x.device) >= A).view(1, H, 1, 1)
-            eye = torch.eye(T, device=x.device, dtype=P.dtype)
-            y = (torch.where(is_lap, eye - P, P) @ vh).transpose(1, 2)  # (B, T, H, D)
-        y = self.resid_drop(self.proj(y.reshape(B, T, C)))
-        return (y, P if explicit else None) if return_attn else y
+        is_lap = (torch.arange(H, device=x.device) >= A).view(1, H, 1, 1)
+        eye = torch.eye(T, device=x.device, dtype=P.dtype)
+        y = (torch.where(is_lap, eye - P, P) @ vh).transpose(1, 2)  # (B, T, H, D)
+        return y, P
+
+def uniform_mean(v, causal):
+    """P V for the uniform graph, v (B, T, H, D): the mean over the sequence, or causally the mean of positions <= t."""
+    if not causal:
+        return v.mean(dim=1, keepdim=True).expand_as(v)
+    count = torch.arange(1, v.shape[1] + 1, device=v.device, dtype=v.dtype).view(1, -1, 1, 1)
+    return v.cumsum(dim=1) / count
+
+def uniform_graph(T, causal, device, dtype):
+    """The uniform graph's P (T, T): 1/T everywhere, or causally 1/t on and below the diagonal of row t."""
+    P = torch.ones(T, T, device=device, dtype=dtype)
+    if causal:
+        P = P.tril()
+    return P / P.sum(dim=-1, keepdim=True)
 
 # ---- blocks -----------------------------------------------------------------
 class MLP(nn.Module):
@@ -144,12 +185,13 @@ class Config:
     in_chans: int = 1
     num_classes: int = 10  # 0 = features only (DINO backbone)
     pooling: str = "cls"  # 'cls' token or 'mean' of patch tokens
+    graph: str = "attention"  # every head's P: 'attention' (softmax) or 'uniform' (the sequence mean; the baseline)
 
     def __post_init__(self):
         self.n_lap = list(self.n_lap) if isinstance(self.n_lap, tuple) else self.n_lap
         is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
         choices = dict(model=("vit", "gpt"), norm=("layernorm", "rmsnorm"), mlp=("gelu", "relu2"),
-                       pos=("learned", "rope"), pooling=("cls", "mean"))
+                       pos=("learned", "rope"), pooling=("cls", "mean"), graph=("attention", "uniform"))
         for f in fields(self):  # the types first: the checks below rely on them
             v, default = getattr(self, f.name), f.default
             self._check(f.name, f.name not in choices or v in choices[f.name], f"allowed values are {choices.get(f.name)}")
@@ -174,6 +216,8 @@ class Config:
         self._check("img_size", self.model != "vit" or self.img_size % self.patch_size == 0,
                     f"not divisible by patch_size={self.patch_size}")
         self._check("pos", self.model != "vit" or self.pos == "learned", "the ViT uses a learned position embedding")
+        self._check("graph", self.graph == "attention" or self.dropout == 0,
+                    "the uniform graph has no attention probabilities to drop; set dropout=0")
 
     def _check(self, field, ok, why):
         if not ok:
@@ -248,8 +292,10 @@ class Trunk(nn.Module):
         return n - self.wte.weight.numel() if exclude_embedding and hasattr(self, "wte") else n
 
     def flops_per_token(self, T):
-        """Training FLOPs per token (nanochat): 6N (matmuls) + 12*L*H*Q*T (attention, H*Q = d); V - P V counts as 0."""
-        return 6 * self.num_params(exclude_embedding=True) + 12 * self.config.n_layer * self.config.n_embd * T
+        """Training FLOPs per token (nanochat): 6N (matmuls) + 12*L*H*Q*T (attention, H*Q = d); V - P V counts as 0,
+        and so does the uniform graph's mean."""
+        attention = 0 if self.config.graph == "uniform" else 12 * self.config.n_layer * self.config.n_embd * T
+        return 6 * self.num_params(exclude_embedding=True) + attention
 
     def init_weights(self):
         """All initialisation lives here.
@@ -632,12 +678,29 @@ def append_jsonl(path, record):
         f.write(json.dumps(record) + "\n")
 
 def write_result(out_dir, **values):
-    """Print the run's last line `RESULT key=value ...` (floats: 4 decimals, lists: no spaces), kept in result.txt."""
-    fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else json.dumps(v, separators=(",", ":")) if isinstance(v, list) else str(v)
-    line = "RESULT " + " ".join(f"{k}={fmt(v)}" for k, v in values.items())
+    """Print the run's last line `RESULT key=value ...` (floats: 4 decimals, lists: no spaces), kept in result.txt.
+    Training scripts write the shared keys n_lap params seed dataset steps seconds first, then their own metrics."""
+    line = "RESULT " + " ".join(f"{k}={_result_value(v)}" for k, v in values.items())
     print(line + "\n", end="", flush=True)
     with open(os.path.join(out_dir, "result.txt"), "w") as f:
         f.write(line + "\n")
+
+def _result_value(v):
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    if isinstance(v, list):
+        return json.dumps(v, separators=(",", ":"))
+    return str(v)
+
+RESULT_RENAMED = {"time_s": "seconds", "step": "steps"}  # keys of older RESULT lines and their names now
+
+def read_result(run_dir):
+    """The key=value pairs (strings) of the RESULT line in run_dir/result.txt, older keys renamed; {} without one."""
+    path = os.path.join(run_dir, "result.txt")
+    if not os.path.isfile(path):
+        return {}
+    pairs = [word.split("=", 1) for word in open(path).read().split() if "=" in word]
+    return {RESULT_RENAMED.get(k, k): v for k, v in pairs}
 
 def check_finite(loss, step):
     """Stop before the optimiser step when the loss is NaN or inf; the last checkpoint stays intact."""

@@ -72,6 +72,7 @@ n_head = None  # heads per block
 n_embd = None  # width
 patch_size = None  # patch side; global_size, local_size and seg_size must be multiples of it
 n_lap = 2  # Laplacian heads per layer (int or per-layer list); 0 = standard attention, the baseline
+graph = "attention"  # every head's P: attention (softmax) | uniform (the sequence mean: the mean-mixing baseline)
 drop_path = 0.0  # stochastic depth of the student (DINO ViT-S: 0.1); it only slows a 0.2M-parameter model down
 # DINO head and loss
 out_dim = 4096  # prototypes (DINO: 65536 on ImageNet): many more than classes, far fewer than images
@@ -544,6 +545,6 @@ if __name__ == "__main__":
         res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn, **evaluate_final(
             teacher.backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks, probe_steps, seed, device, ctx))
         nanolap.append_jsonl(log_path, dict(step=end_step, **res))
-        nanolap.write_result(out_dir, **res, n_lap=n_lap, steps=end_step, params=student.backbone.num_params(),
-                             seconds=int(time.time() - t_start))
+        nanolap.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,
+                             steps=end_step, seconds=round(time.time() - t_start), **res)
     nanolap.teardown_distributed()

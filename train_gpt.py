@@ -62,6 +62,7 @@ n_head = None  # None = the preset's head count
 n_embd = None  # None = the preset's width (a multiple of n_head)
 n_lap = 2  # Laplacian heads per layer (the trailing ones), or a list with one count per layer
 dropout = 0.0  # attention and residual dropout; short runs do not overfit, so 0
+graph = "attention"  # every head's P: attention (softmax) | uniform (the running mean: the mean-mixing baseline)
 # optimiser (nanochat's values; AdamW learning rates are scaled by (n_embd / 768) ** -0.5)
 optimizer = "muon"  # 'muon': Muon for block matrices + AdamW for embedding/lm_head; 'adamw': AdamW for all
 matrix_lr = 0.02  # Muon, the block matrices
@@ -279,7 +280,7 @@ if __name__ == "__main__":
             for group, h in zip(opt.param_groups, hyper):
                 group.update(h)  # ... hyperparameters from the options (identical unless overridden now)
         nanolap.set_rng_state(ckpt["rng"])
-        step, best_val_loss, time_before = ckpt["step"], ckpt["best_val_loss"], ckpt["time_s"]
+        step, best_val_loss, time_before = ckpt["step"], ckpt["best_val_loss"], ckpt["seconds"]
     model = torch.compile(raw_model) if compile_model else raw_model
     if world > 1:
         model = DDP(model, device_ids=[local_rank] if str(device).startswith("cuda") else None)
@@ -327,13 +328,13 @@ if __name__ == "__main__":
                    f"train loss {metrics['train_loss']:.4f}")
             if master:
                 record = dict(step=step, **metrics, lr=peak_lr * get_lr_multiplier(step, *schedule), tokens=step * total)
-                nanolap.append_jsonl(log_path, dict(record, time_s=round(time_before + time.time() - t0, 2)))
+                nanolap.append_jsonl(log_path, dict(record, seconds=round(time_before + time.time() - t0, 2)))
         if master and step > start_step and (evaluating or stopping):
             nanolap.save_checkpoint(dict(
                 kind="gpt", model_config=asdict(model_cfg), model=nanolap.clean_state_dict(raw_model.state_dict()),
                 config=config, meta={k: v for k, v in meta.items() if k != "token_bytes"},
                 optimizer=[opt.state_dict() for opt in optimizers], step=step, rng=nanolap.rng_state(),
-                best_val_loss=best_val_loss, time_s=time_before + time.time() - t0), ckpt_path)
+                best_val_loss=best_val_loss, seconds=time_before + time.time() - t0), ckpt_path)
         if last or stopping:
             break
 
@@ -387,14 +388,14 @@ if __name__ == "__main__":
     if stopping:
         print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
-        time_s = f"{time_before + time.time() - t0:.1f}"
+        seconds = round(time_before + time.time() - t0)
         if num_samples and max_new_tokens:
             print("-" * 80)
             try:
                 sample(raw_model.eval(), tokenizer, prompt, num_samples, max_new_tokens, temperature, top_k, seed, device)
             except UsageError as e:
                 print(f"no sample: {e}")
-        nanolap.write_result(out_dir, val_loss=metrics["val_loss"], val_bpb=metrics["val_bpb"],
-                             train_loss=metrics["train_loss"], step=step, n_lap=model_cfg.n_lap,
-                             params=raw_model.num_params(), time_s=time_s)
+        nanolap.write_result(out_dir, n_lap=model_cfg.n_lap, params=raw_model.num_params(), seed=seed,
+                             dataset=dataset, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
+                             val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"])
     nanolap.teardown_distributed()

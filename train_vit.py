@@ -61,6 +61,7 @@ pooling = "mean"  # 'cls' token or 'mean' of the patch tokens; mean pooling suit
 drop_path = 0.1  # stochastic depth, rising linearly to the last block; curbs overfitting (DeiT-III: 0.1-0.4)
 layerscale = None  # LayerScale init (DeiT-III: 1e-6, it steadies deep models); 0.0 = off
 qk_norm = None  # normalise queries and keys per head (the paper's ViTs: True); keeps attention logits bounded
+graph = "attention"  # every head's P: attention (softmax) | uniform (the sequence mean: the mean-mixing baseline)
 # augmentation (on the device, per image, batched)
 crop_padding = 0  # random crop after zero-padding by this many pixels (CIFAR: 4); imagefolder: random resized crop
 simple_random_crop = False  # imagefolder: DeiT-III's ImageNet-21k crop (resize, crop with 4 px padding), not RRC
@@ -435,7 +436,7 @@ if __name__ == "__main__":
     if world > 1:
         print_param_checksum(raw_model.parameters(), rank, world)
     if master and not stopped:
-        write_result(out_dir, val_acc=val_acc, val_loss=val_loss, params=raw_model.num_params(), n_lap=n_lap,
-                     seconds=f"{time.time() - t_start:.1f}", img_per_s=f"{sum(speeds) / max(len(speeds), 1):.0f}",
-                     data_wait=f"{sum(waits) / max(len(waits), 1):.3f}", dataset=dataset, epochs=epochs, seed=seed)
+        write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset, steps=step,
+                     seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss, epochs=epochs,
+                     img_per_s=round(sum(speeds) / max(len(speeds), 1)), data_wait=sum(waits) / max(len(waits), 1))
     teardown_distributed()

@@ -10,6 +10,15 @@
 #     bash results/sweep.sh vit_long        # only the jobs whose line matches this pattern (see jobs below)
 #     python analyze.py --report=results    # the comparison tables and figures from the artefacts, in seconds
 #
+# The regime ladder moves the nano ViT towards the paper's (each n_lap 0 and 4, seeds 0-2): vit_deit (CLS pooling and
+# LayerScale 1e-6, 12 epochs), vit_p4 (4x4 patches: 49 patch tokens instead of 16), vit_deep (8 blocks), vit_longer
+# (36 epochs), and the uniform-graph baseline (--graph=uniform: every P is the sequence mean) at the vit and gpt
+# recipes; vit_default is the CPU default itself (18 epochs), seed 0. Runs whose analysis has no per-head numbers
+# yet (the sets of the first sweep) are trained again for them, after the ladder; checkpoints are not committed.
+#
+#     TRAIN_ONLY=1 bash results/sweep.sh    # train only; run the plain command later to analyse and collect
+#     OUT=elsewhere bash results/sweep.sh   # checkpoints under elsewhere/<set>/ instead of out/sweep/<set>/
+#
 # Lengths are shorter than the scripts' CPU defaults so that the 47 runs fit in two hours of a 2-core machine:
 # ViT 4 epochs (default 18), GPT 1000 steps (default 2000), DINO 1.5 epochs (default 6); the schedules are
 # compressed, not cut. The long ViT runs (n_lap 0 and 4, three seeds) train three times as long: 12 epochs;
@@ -20,35 +29,47 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 JOBS=${JOBS:-2}
+export OUT=${OUT:-out/sweep} TRAIN_ONLY=${TRAIN_ONLY:-}
 
 run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, its analyses, its artefacts
     local kind=$1 k=$2 s=$3 set=${4:-$1}; shift; shift; shift; shift || true
-    local dst=results/$set/k$k-s$s out=out/sweep/$set/k$k-s$s
-    [ -f "$dst/result.txt" ] && return 0
-    mkdir -p "out/sweep/$set"
-    case $kind in
-        vit)  python train_vit.py --n_lap=$k --seed=$s --epochs=4 --cpu_procs=1 --batch_size=256 --out_dir=$out "$@" ;;
-        gpt)  python train_gpt.py --n_lap=$k --seed=$s --max_iters=1000 --max_new_tokens=0 --out_dir=$out "$@" ;;
-        dino) python train_dino.py --n_lap=$k --seed=$s --epochs=1.5 --cpu_procs=1 --out_dir=$out "$@" ;;
-    esac > "$out.log" 2>&1 || { echo "FAILED: $set $k $s (see $out.log)"; return 1; }
+    local dst=results/$set/k$k-s$s out=$OUT/$set/k$k-s$s
+    grep -qs '"heads"' "$dst/analysis.json" && return 0  # collected, with the per-head analysis
+    mkdir -p "$OUT/$set"
+    if [ ! -f "$out/result.txt" ]; then
+        case $kind in
+            vit)  python train_vit.py --n_lap=$k --seed=$s --epochs=4 --cpu_procs=1 --batch_size=256 --out_dir=$out "$@" ;;
+            gpt)  python train_gpt.py --n_lap=$k --seed=$s --max_iters=1000 --max_new_tokens=0 --out_dir=$out "$@" ;;
+            dino) python train_dino.py --n_lap=$k --seed=$s --epochs=1.5 --cpu_procs=1 --out_dir=$out "$@" ;;
+        esac > "$out.log" 2>&1 || { echo "FAILED: $set $k $s (see $out.log)"; return 1; }
+        echo "trained: $set k$k-s$s: $(cat "$out/result.txt")"
+    fi
+    [ -n "$TRAIN_ONLY" ] && return 0
     { python analyze.py "$out" && if [ "$kind" != gpt ]; then python analyze.py "$out" --tokens=all \
         --out="$out/analysis_all"; fi; } > "$out.analyze.log" 2>&1 || { echo "FAILED: analyze $out"; return 1; }
     mkdir -p "$dst"
-    cp "$out/log.jsonl" "$out/analysis/analysis.json" "$dst/"
+    cp "$out/log.jsonl" "$out/analysis/analysis.json" "$out/analysis/heads.png" "$dst/"
     if [ "$kind" != gpt ]; then cp "$out/analysis_all/analysis.json" "$dst/analysis_all.json"; fi
     if [ "$kind" = dino ]; then cp "$out/analysis/pca_maps.png" "$dst/"; fi
-    cp "$out/result.txt" "$dst/"  # last: its presence marks the run as done
+    cp "$out/result.txt" "$dst/"
     echo "done: $set k$k-s$s: $(cat "$dst/result.txt")"
 }
 export -f run
 
-jobs() {  # seed by seed, so that a cut-short sweep still has whole seeds; long jobs first within a seed
-    for s in 0 1 2; do
-        for k in 0 2 4; do echo "dino $k $s"; done
-        for k in 0 2 4; do echo "gpt $k $s"; done
-        for k in 0 1 2 3 4; do echo "vit $k $s"; done
-    done
+jobs() {  # the ladder first, seed by seed so that a cut-short set still has whole seeds; then the first sweep's sets
+    echo "vit 4 0 vit_default --epochs=18"; echo "vit 0 0 vit_default --epochs=18"  # the CPU default, for its per-head numbers
+    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s"; done; done
+    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_uniform --graph=uniform"; done; done
+    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_deit --pooling=cls --layerscale=1e-6 --epochs=12"; done; done
+    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_p4 --patch_size=4"; done; done
+    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_deep --n_layer=8"; done; done
+    for s in 0 1 2; do for k in 0 4; do echo "gpt $k $s gpt_uniform --graph=uniform"; done; done
+    for s in 0 1 2; do for k in 0 4; do echo "gpt $k $s"; done; done
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_long --epochs=12"; done; done  # three times as long
+    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_longer --epochs=36"; done; done  # nine times
+    for s in 0 1 2; do for k in 0 4; do echo "dino $k $s"; done; done
+    for s in 0 1 2; do for k in 1 2 3; do echo "vit $k $s"; done; done
+    for s in 0 1 2; do echo "gpt 2 $s"; echo "dino 2 $s"; done
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_cls --pooling=cls"; done; done  # the CLS token as the head's input
     # DINO on the generated scenes (items on textured backgrounds, where raw pixels are weak), for the PCA maps
     for k in 0 4; do echo "dino $k 0 dino_scenes --dataset=scenes --global_size=56 --epochs=3"; done

@@ -352,8 +352,8 @@ def test_tiny_run_writes_result_log_and_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(losses(r.stdout)) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses(r.stdout).values())
     res = result(r.stdout)
-    assert list(res) == ["knn_acc", "knn_acc_init", "knn_acc_pixels", "linear_acc", "linear_acc_pixels", "n_lap",
-                         "steps", "params", "seconds"]
+    assert list(res) == ["n_lap", "params", "seed", "dataset", "steps", "seconds", "knn_acc", "knn_acc_init",
+                         "knn_acc_pixels", "linear_acc", "linear_acc_pixels"]
     assert res["steps"] == "4" and res["n_lap"] == "1" and 0 <= float(res["knn_acc"]) <= 1
     assert open(tmp_path / "result.txt").read().strip() == [l for l in r.stdout.splitlines() if l.startswith("RESULT")][-1]
     records = [json.loads(line) for line in open(tmp_path / "log.jsonl")]

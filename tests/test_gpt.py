@@ -335,14 +335,14 @@ def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
                        "--prompt=ROMEO:", f"--out_dir={tmp_path}"])
     assert done.returncode == 0, done.stderr[-3000:]
     result = result_line(done.stdout)
-    assert list(result) == ["val_loss", "val_bpb", "train_loss", "step", "n_lap", "params", "time_s"]
-    assert result["step"] == "3" and result["n_lap"] == "[0,1]" and math.isfinite(float(result["val_bpb"]))
+    assert list(result) == ["n_lap", "params", "seed", "dataset", "steps", "seconds", "val_loss", "val_bpb", "train_loss"]
+    assert result["steps"] == "3" and result["n_lap"] == "[0,1]" and math.isfinite(float(result["val_bpb"]))
     assert read_result(str(tmp_path)) == result and "\nROMEO:" in done.stdout
     log = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
     assert [r["step"] for r in log] == [0, 3] and log[-1]["val_loss"] == pytest.approx(float(result["val_loss"]), abs=1e-4)
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert {"kind", "model_config", "model", "config", "meta", "optimizer", "step", "rng", "best_val_loss",
-            "time_s"} <= set(ckpt) and ckpt["kind"] == "gpt" and ckpt["step"] == 3 and len(ckpt["optimizer"]) == 2
+            "seconds"} <= set(ckpt) and ckpt["kind"] == "gpt" and ckpt["step"] == 3 and len(ckpt["optimizer"]) == 2
     assert ckpt["model_config"]["n_lap"] == [0, 1] and ckpt["config"]["preset"] == "gpt-tiny"
     assert "model" not in ckpt["config"] and "compile" not in ckpt["config"] and "token_bytes" not in ckpt["meta"]
     model = build_model(Config(**ckpt["model_config"]))
@@ -395,10 +395,10 @@ def test_stop_at_step_and_resume_equal_the_uninterrupted_run(data_dir, tmp_path,
                    if torch.is_tensor(x))
     logs = [[json.loads(l) for l in open(tmp_path / d / "log.jsonl")] for d in ("full", "split")]
     assert [r["step"] for r in logs[1]] == [0, 4, 8]
-    assert [{k: v for k, v in r.items() if k != "time_s"} for r in logs[0]] == \
-        [{k: v for k, v in r.items() if k != "time_s"} for r in logs[1]]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in logs[0]] == \
+        [{k: v for k, v in r.items() if k != "seconds"} for r in logs[1]]
     ra, rb = read_result(str(tmp_path / "full")), read_result(str(tmp_path / "split"))
-    assert {k: v for k, v in ra.items() if k != "time_s"} == {k: v for k, v in rb.items() if k != "time_s"}
+    assert {k: v for k, v in ra.items() if k != "seconds"} == {k: v for k, v in rb.items() if k != "seconds"}
     assert a["kind"] == "gpt" and b["config"]["dataset"] == "tiny" and b["config"]["data_dir"] == data_dir
 
 

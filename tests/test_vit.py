@@ -29,8 +29,8 @@ HEAVY = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--bat
          "--log_interval=1", "--drop_path=0.1", "--three_augment=True", "--mixup=0.8", "--cutmix=1.0",
          "--random_erasing=0.25", "--crop_padding=2", "--hflip=True"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
-RESULT_KEYS = ["val_acc", "val_loss", "params", "n_lap", "seconds", "img_per_s", "data_wait", "dataset", "epochs",
-               "seed"]
+RESULT_KEYS = ["n_lap", "params", "seed", "dataset", "steps", "seconds", "val_acc", "val_loss", "epochs", "img_per_s",
+               "data_wait"]
 
 
 def run(args, check=True, timeout=120):
@@ -103,7 +103,7 @@ def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
                                           "dataset", "data_dir", "train_subset", "val_subset", "img_size",
                                           "num_workers", "preset", "n_lap", "n_layer", "n_head", "n_embd",
                                           "patch_size", "mlp_ratio", "pooling", "drop_path", "layerscale", "qk_norm",
-                                          "crop_padding", "simple_random_crop", "hflip", "three_augment",
+                                          "graph", "crop_padding", "simple_random_crop", "hflip", "three_augment",
                                           "color_jitter", "rand_augment", "rand_magnitude", "random_erasing", "mixup",
                                           "cutmix", "label_smoothing", "bce_loss", "optimizer", "epochs", "batch_size",
                                           "grad_accum", "lr", "min_lr", "warmup_epochs", "weight_decay", "beta1",
