@@ -16,7 +16,7 @@ No extra parameters, one subtraction of extra FLOPs.
 Convention (the first author's code): the trailing `n_lap` heads of a layer, an int or one per layer, are Laplacian.
 """
 
-import ast, json, math, os, random, re, socket, subprocess, sys, tempfile, threading, time
+import ast, atexit, difflib, json, math, os, random, re, shlex, socket, subprocess, sys, tempfile, threading, time
 from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, fields
 
@@ -441,7 +441,7 @@ def parse_args(defaults, argv=None):
     for arg in sys.argv[1:] if argv is None else argv:
         key, has_value, text = arg[2:].partition("=")
         if arg.startswith("--") and key not in config:
-            raise UsageError(f"unknown option --{key}; valid options: {', '.join(sorted(config))}")
+            raise UsageError(f"unknown option --{key};{_closest(key, config, '--')} --help lists every option")
         if arg.startswith("--") and not has_value and not isinstance(config[key], bool):
             raise UsageError(f"--{key} needs a value: --{key}=...")
         if arg.startswith("--"):
@@ -458,13 +458,19 @@ def parse_args(defaults, argv=None):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
                 raise UsageError(f"{where}: only `key = value` lines are allowed")
             if node.targets[0].id not in config:
-                raise UsageError(f"{where}: unknown key {node.targets[0].id!r}")
+                raise UsageError(f"{where}: unknown key {node.targets[0].id!r};"
+                                 f"{_closest(node.targets[0].id, config)} --help lists every option")
             try:
                 value = ast.literal_eval(node.value)
             except ValueError:
                 raise UsageError(f"{where}: {node.targets[0].id} must be a literal value")
             config[node.targets[0].id] = _typed(node.targets[0].id, value, defaults[node.targets[0].id])
     return config
+
+def _closest(name, names, prefix=""):
+    """' did you mean --a or --b?' for the nearest valid names (difflib), '' when none is near."""
+    close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
+    return f" did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
 
 def configure(namespace, argv=None, schedule=()):
     """Resolve a script's options (its lower-case literal globals) into it; --help lists them with their comments.
@@ -481,6 +487,7 @@ def configure(namespace, argv=None, schedule=()):
         print("\n".join(f"  --{k}={v!r}" + (f"  # {comments[k]}" if k in comments else "") for k, v in options.items()))
         sys.exit(0)
     config, ckpt = parse_args(options, argv), None
+    _defaults.update(options)  # finished_run() names the options a run was given: those that differ from these
     if config.get("resume"):
         ckpt = load_checkpoint(os.path.join(config["out_dir"], "ckpt.pt"), "--resume: ")
         saved = {k: v for k, v in ckpt.get("config", {}).items() if k in options}
@@ -492,6 +499,8 @@ def configure(namespace, argv=None, schedule=()):
                              f"To train longer, run the longer schedule in a new --out_dir (--stop_at_step stops early)")
     namespace.update(config)
     return config, ckpt
+
+_defaults = {}  # the running script's option defaults, kept by configure() for finished_run()
 
 def install_error_handler():
     """Input mistakes, a non-finite loss and Ctrl-C end in one stderr line (no traceback) from the first process."""
@@ -505,6 +514,7 @@ def install_error_handler():
             return sys.__excepthook__(kind, error, tb)
         if rank == 0:
             print(message, file=sys.__stderr__, flush=True)  # torch's process group wraps sys.stderr
+        remove_empty_out_dirs()
         os._exit(1)  # skip the process group's destructor, which can abort once a peer is gone
     sys.excepthook = handler
 
@@ -657,20 +667,62 @@ def load_model(path_or_ckpt, key="model", map_location="cpu"):
     model.load_state_dict(clean_state_dict(ckpt[key]))
     return model
 
+RUN_FILES = ("ckpt.pt", "log.jsonl", "result.txt")  # what a training run writes into its out_dir
+ANALYSIS_FILES = ("analysis", "analysis.json", "analysis_all.json", "summary.md")  # what analyze.py writes there
+
+def describes_a_run(out_dir, name):
+    """Whether out_dir/name describes the run trained there: its files, or analyze.py's outputs (figures, a folder
+    holding an analysis.json, as --out=out_dir/NAME writes) made from its checkpoint."""
+    path = os.path.join(out_dir, name)
+    return (name in RUN_FILES or name in ANALYSIS_FILES or name.endswith(".png")
+            or os.path.isdir(path) and not name.startswith("previous-") and os.path.isfile(os.path.join(path, "analysis.json")))
+
+_made_out_dirs = []  # out_dirs this process created: removed again if the run ends before writing into them
+
+def remove_empty_out_dirs():
+    for folder in _made_out_dirs:
+        with suppress(OSError):  # not empty (the run wrote something) or gone: leave it
+            os.rmdir(folder)
+
 def prepare_out_dir(out_dir, resume):
-    """Make out_dir and prove it writable; a fresh run moves an earlier run's files to out_dir/previous-<time>/."""
+    """Make out_dir and prove it writable; a fresh run moves everything that describes an earlier run (its files and
+    its analysis) together to out_dir/previous-<time>/. A folder made here goes again if the run fails before using it."""
+    made = not os.path.isdir(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
         open(os.path.join(out_dir, ".write-test"), "w").close()
         os.remove(os.path.join(out_dir, ".write-test"))
     except OSError as e:
         raise UsageError(f"--out_dir={out_dir} cannot be written ({e.strerror or e}); choose another --out_dir") from None
-    old = [n for n in ("ckpt.pt", "log.jsonl", "result.txt") if os.path.exists(os.path.join(out_dir, n))]
+    if made and not _made_out_dirs:
+        atexit.register(remove_empty_out_dirs)  # the error handler calls it too: os._exit skips atexit
+    if made:
+        _made_out_dirs.append(out_dir)
+    old = sorted(n for n in os.listdir(out_dir) if describes_a_run(out_dir, n))
     if old and not resume:
         aside = tempfile.mkdtemp(prefix=time.strftime("previous-%Y%m%d-%H%M%S-"), dir=out_dir)  # a new, unique folder
         for name in old:
             os.replace(os.path.join(out_dir, name), os.path.join(aside, name))
         print(f"note: {out_dir} held an earlier run: its {', '.join(old)} moved to {aside}", flush=True)
+
+def finished_run(config, step, total, option, longer):
+    """--resume of a run at the end of its schedule: nothing to train, its files stay byte for byte. Says how to train
+    longer: a new run whose schedule `option` is `longer` (continuing would raise a cooled-down learning rate again),
+    with the options this run was given (those that differ from the script's defaults). Exits with status 0."""
+    out_dir = config["out_dir"]
+    given = {k: v for k, v in config.items() if k not in ("resume", "out_dir", option) and v != _defaults.get(k)}
+    new = {"out_dir": os.path.normpath(out_dir) + "-long", option: longer, **given}
+    command = " ".join(["python", sys.argv[0]] + [shlex.quote(f"--{k}={_option_text(v)}") for k, v in new.items()])
+    print0(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train and leaves its files "
+           f"as they are. To train longer, start a new --out_dir with a longer --{option}: {command}")
+    teardown_distributed()
+    sys.exit(0)
+
+def _option_text(value):
+    """How value is written after --key= so that parse_args reads it back."""
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"))
+    return value if isinstance(value, str) else repr(value)
 
 # ---- logging and the RESULT line
 def append_jsonl(path, record):

@@ -419,6 +419,8 @@ if __name__ == "__main__":
     in_chans = 3 if dataset == "imagefolder" else x_train.shape[1]
     steps_per_epoch = n_train // batch_size
     total_steps = max(1, round(epochs * steps_per_epoch))
+    if ckpt is not None and ckpt["step"] >= total_steps:  # leave a finished run as it is (every process stops here)
+        nanolap.finished_run(config, ckpt["step"], total_steps, "epochs", 2 * epochs)
     eval_sets = [images.load_eval_images(data, s, n, global_size, num_workers) for s, n in (("train", eval_train),
                                                                                                  ("val", eval_val))]
     seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, seg_size, in_chans)  # now: fail before training

@@ -243,6 +243,8 @@ if __name__ == "__main__":
                           temperature, top_k, seed)
         raise SystemExit(0)
     nanolap.resolve_device(device)  # a bad --device fails before out_dir is touched
+    if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
+        nanolap.finished_run(config, ckpt["step"], max_iters, "max_iters", 2 * max_iters)
     master = os.environ.get("RANK", "0") == "0"  # this process, torchrun's first, or the launcher of cpu_procs
     if master:  # before any work or process: out_dir must be writable; a fresh run moves an earlier one aside
         nanolap.prepare_out_dir(out_dir, resume)

@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 
 from data import augment, images
-from nanolap import (UsageError, all_reduce_mean, append_jsonl, autocast, build_model, check_finite,
-                     config_from_options, configure, format_time, launch_cpu_processes, peak_flops, prepare_out_dir,
-                     print0, print_param_checksum, resolve_device, rng_state, save_checkpoint, set_rng_state,
-                     setup_distributed, step_seed, teardown_distributed, write_result)
+from nanolap import (PRESETS, UsageError, all_reduce_mean, append_jsonl, autocast, build_model, check_finite,
+                     config_from_options, configure, finished_run, format_time, launch_cpu_processes, peak_flops,
+                     prepare_out_dir, print0, print_param_checksum, resolve_device, rng_state, save_checkpoint,
+                     set_rng_state, setup_distributed, step_seed, teardown_distributed, write_result)
 
 # ----------------------------------------------------------------------------- defaults
 # I/O
@@ -266,6 +266,11 @@ if __name__ == "__main__":
         raise UsageError(f"unknown dataset {dataset!r}; choose one of {images.DATASETS + ('imagefolder',)}")
 
     amp_context, amp_dtype = autocast(resolve_device(device), dtype)  # checks --device and --dtype
+    # the model options (n_lap <= n_head, ...) before out_dir and the data; the image size once the data are read
+    patch = patch_size if isinstance(patch_size, int) else PRESETS.get(preset, {}).get("patch_size", 1)
+    config_from_options(config, "vit", img_size=img_size or max(patch, 1))
+    if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
+        finished_run(config, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs", 2 * epochs)
     if os.environ.get("RANK", "0") == "0":  # before any process starts: a bad out_dir fails once, in one line
         prepare_out_dir(out_dir, resume)
     launch_cpu_processes(cpu_procs, device)
@@ -344,8 +349,6 @@ if __name__ == "__main__":
     print0(f"schedule: global batch {global_batch} = {batch_size} x {grad_accum} accum x {world} process(es), "
            f"{steps_per_epoch} steps/epoch, {epochs} epochs = {max_steps} steps, warmup {warmup_steps}, "
            f"{optimizer} lr {lr:g}" + (f"; resuming at step {step}" if ckpt else ""))
-    if step >= max_steps:
-        print0(f"nothing to train: the checkpoint is at step {step} of {max_steps} (raise --epochs to continue)")
 
     # ---- training loop
     raw_model.train()

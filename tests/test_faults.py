@@ -6,6 +6,7 @@ the folder, they never sleep for a fixed time. Slow tier: python -m pytest -q -m
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -155,6 +156,115 @@ def test_the_note_on_an_earlier_run_comes_first_with_processes(finished, data_di
     rc, out, err = run(command("vit", data_dir, "--cpu_procs=2", "--epochs=1", f"--out_dir={out_dir}"))
     assert rc == 0, err[-2000:]
     assert out.startswith(f"note: {out_dir} held an earlier run"), out[:2000]
+
+
+@pytest.mark.slow
+def test_a_fresh_run_moves_the_old_runs_analysis_aside_with_it(finished, data_dir, tmp_path):
+    """analyze.py's outputs describe the checkpoint they were made from: a fresh run in the folder moves them
+    aside with that checkpoint, so no summary.md of the old model sits next to the new run's RESULT line."""
+    out_dir = copy_run(finished["vit"], tmp_path / "run")
+    rc, out, err = run(["analyze.py", out_dir, "--device=cpu"])
+    assert rc == 0 and os.path.isfile(os.path.join(out_dir, "analysis", "summary.md")), err[-2000:]
+    rc, out, err = run(["analyze.py", out_dir, "--device=cpu", f"--out={os.path.join(out_dir, 'analysis-2')}"])
+    assert rc == 0, err[-2000:]
+    old_summary = open(os.path.join(out_dir, "analysis", "summary.md"), "rb").read()
+    rc, out, err = run(command("vit", data_dir, "--epochs=1", f"--out_dir={out_dir}"))
+    assert rc == 0 and "RESULT " in out, err[-2000:]
+    aside = [n for n in os.listdir(out_dir) if n.startswith("previous-")]
+    assert len(aside) == 1 and f"analysis, analysis-2, ckpt.pt, log.jsonl, result.txt moved to" in out, out[:2000]
+    assert sorted(os.listdir(out_dir)) == sorted(aside + ["ckpt.pt", "log.jsonl", "result.txt"])
+    assert open(os.path.join(out_dir, aside[0], "analysis", "summary.md"), "rb").read() == old_summary
+
+
+def test_prepare_out_dir_moves_everything_that_describes_the_old_run_together(tmp_path, capsys):
+    """The run's files, analyze.py's folder, a folder it wrote with --out (it holds an analysis.json), loose
+    analysis files and figures go into one previous-*/ folder; the user's other files and earlier previous-*/
+    folders stay where they are."""
+    import nanolap
+    out = tmp_path / "run"
+    for name in ("ckpt.pt", "log.jsonl", "result.txt", "analysis/summary.md", "analysis/collapse.png",
+                 "layer2/analysis.json", "summary.md", "spectrum.png", "notes.txt", "mine/data.csv",
+                 "previous-1/analysis/analysis.json"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(name)
+    nanolap.prepare_out_dir(str(out), resume=True)  # a resume keeps everything
+    assert (out / "analysis" / "summary.md").exists() and not capsys.readouterr().out
+    nanolap.prepare_out_dir(str(out), resume=False)
+    aside = [n for n in os.listdir(out) if n.startswith("previous-") and n != "previous-1"]
+    assert len(aside) == 1
+    assert sorted(os.listdir(out)) == sorted(aside + ["mine", "notes.txt", "previous-1"])
+    assert sorted(os.listdir(out / aside[0])) == ["analysis", "ckpt.pt", "layer2", "log.jsonl", "result.txt",
+                                                  "spectrum.png", "summary.md"]
+    assert (out / aside[0] / "analysis" / "collapse.png").read_text() == "analysis/collapse.png"
+    assert "analysis, ckpt.pt, layer2, log.jsonl, result.txt, spectrum.png, summary.md moved to" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- --resume of a finished run
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_of_a_finished_run_leaves_it_byte_identical_and_names_a_command_that_works(kind, finished, data_dir,
+                                                                                          tmp_path):
+    """Nothing to train: exit status 0, the folder's files byte for byte (and no new ones), and one line naming a
+    new run with a longer schedule, which then runs as printed."""
+    out_dir = copy_run(finished[kind], tmp_path / "run")
+    before = {n: open(os.path.join(out_dir, n), "rb").read() for n in os.listdir(out_dir)}
+    assert {"ckpt.pt", "log.jsonl", "result.txt"} <= set(before)
+    rc, out, err = run(command(kind, data_dir, "--resume", f"--out_dir={out_dir}"))
+    assert rc == 0, err[-2000:]
+    assert {n: open(os.path.join(out_dir, n), "rb").read() for n in os.listdir(out_dir)} == before
+    assert "RESULT " not in out and not PROGRESS.search(out), out[-2000:]
+    option = {"vit": "--epochs=4", "gpt": "--max_iters=16", "dino": "--epochs=4.0"}[kind]
+    total = {"vit": 16, "gpt": 8, "dino": 8}[kind]
+    assert f"{out_dir} holds a finished run (step {total} of {total})" in out, out[-2000:]
+    suggested = out.split("with a longer ")[1].split(": python ", 1)[1].strip()
+    assert f"--out_dir={out_dir}-long" in suggested and option in suggested, suggested
+    rc, out, err = run(shlex.split(suggested)[0:])
+    assert rc == 0 and "RESULT " in out and f"steps={2 * total}" in out, err[-2000:]
+
+
+# ----------------------------------------------------------------------------- refused options
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_option_leaves_no_out_dir_behind(kind, data_dir, tmp_path):
+    """A model option the config refuses (checked before out_dir is made), and a failure after it was made (a
+    dataset that is not there): one line, and no empty out_dir left behind."""
+    out_dir = tmp_path / "new" / "run"
+    out_dir.parent.mkdir()
+    rc, out, err = run(command(kind, data_dir, "--n_lap=9", f"--out_dir={out_dir}"))
+    assert_one_line_error(rc, out, err, "n_lap=9", "at most n_head")
+    assert not out_dir.exists() and "note:" not in out
+    late = {"vit": "--batch_size=100000", "gpt": f"--data_dir={tmp_path / 'no-data'}", "dino": "--batch_size=100000"}
+    rc, out, err = run(command(kind, data_dir, late[kind], "--cpu_procs=2", f"--out_dir={out_dir}"))
+    assert rc != 0 and err.startswith("error: ") and not out_dir.exists(), (out[-1000:], err[-1000:])
+    assert (tmp_path / "new").is_dir()  # the parent was there before
+
+
+def test_unknown_options_name_the_closest_valid_ones(tmp_path):
+    """An unknown option or config-file key: the nearest names (did you mean ...?) and --help, not every name."""
+    import nanolap
+    defaults = dict(n_lap=4, n_layer=4, n_head=4, batch_size=128, lr=3e-3, out_dir="out-vit", warmup_epochs=0.5)
+    for argv, message in ((["--nlap=2"], "unknown option --nlap; did you mean --n_lap? --help lists every option"),
+                          (["--batchsize=64"], "unknown option --batchsize; did you mean --batch_size?"),
+                          (["--zzz=1"], "unknown option --zzz; --help lists every option")):
+        with pytest.raises(nanolap.UsageError) as e:
+            nanolap.parse_args(defaults, argv)
+        assert str(e.value).startswith(message) and len(str(e.value)) < 120, str(e.value)
+    f = tmp_path / "cfg.py"
+    f.write_text("n_lap = 2\nwarmup_epoch = 1.0\n")
+    with pytest.raises(nanolap.UsageError) as e:
+        nanolap.parse_args(defaults, [str(f)])
+    assert str(e.value) == (f"config file {f}: line 2: unknown key 'warmup_epoch'; did you mean warmup_epochs? "
+                            f"--help lists every option")
+
+
+@pytest.mark.slow
+def test_a_scripts_unknown_option_is_one_short_line(data_dir):
+    for kind in KINDS:
+        rc, out, err = run([f"train_{kind}.py", "--nlap=2"])
+        assert_one_line_error(rc, out, err, "unknown option --nlap; did you mean --n_lap?", "--help")
+        assert len(err) < 120, err
 
 
 # ----------------------------------------------------------------------------- damaged checkpoints
