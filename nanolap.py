@@ -16,8 +16,23 @@ No extra parameters, one subtraction of extra FLOPs.
 Convention (the first author's code): the trailing `n_lap` heads of a layer, an int or one per layer, are Laplacian.
 """
 
-import ast, atexit, difflib, json, math, os, random, re, shlex, socket, subprocess, sys, tempfile, threading, time
-from contextlib import nullcontext, suppress
+import math
+# the run plumbing (the second half of this file) uses these
+import ast
+import atexit
+import difflib
+import json
+import os
+import random
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -146,9 +161,12 @@ def drop_path(x, p, training):
 class Block(nn.Module):
     def __init__(self, config, n_lap, drop_path_rate):
         super().__init__()
-        ls = (lambda: LayerScale(config.n_embd, config.layerscale)) if config.layerscale else nn.Identity
-        self.norm1, self.attn, self.ls1 = make_norm(config, config.n_embd), MixedHeadAttention(config, n_lap), ls()
-        self.norm2, self.mlp, self.ls2 = make_norm(config, config.n_embd), MLP(config), ls()
+        self.norm1 = make_norm(config, config.n_embd)
+        self.attn = MixedHeadAttention(config, n_lap)
+        self.ls1 = LayerScale(config.n_embd, config.layerscale) if config.layerscale else nn.Identity()
+        self.norm2 = make_norm(config, config.n_embd)
+        self.mlp = MLP(config)
+        self.ls2 = LayerScale(config.n_embd, config.layerscale) if config.layerscale else nn.Identity()
         self.drop_path = drop_path_rate
 
     def forward(self, x, rope=None, explicit=False):
@@ -189,18 +207,17 @@ class Config:
 
     def __post_init__(self):
         self.n_lap = list(self.n_lap) if isinstance(self.n_lap, tuple) else self.n_lap
-        is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
         choices = dict(model=("vit", "gpt"), norm=("layernorm", "rmsnorm"), mlp=("gelu", "relu2"),
                        pos=("learned", "rope"), pooling=("cls", "mean"), graph=("attention", "uniform"))
         for f in fields(self):  # the types first: the checks below rely on them
             v, default = getattr(self, f.name), f.default
             self._check(f.name, f.name not in choices or v in choices[f.name], f"allowed values are {choices.get(f.name)}")
             laps = v if isinstance(v, list) else [v]
-            self._check(f.name, f.name != "n_lap" or all(is_int(k) and k >= 0 for k in laps),
+            self._check(f.name, f.name != "n_lap" or all(self._is_int(k) and k >= 0 for k in laps),
                         "must be a non-negative int or a list of them, one per layer")
             self._check(f.name, f.name == "n_lap" or not isinstance(default, bool) or isinstance(v, bool), "must be True or False")
-            self._check(f.name, f.name == "n_lap" or not is_int(default) or (is_int(v) and v >= 0), "must be a non-negative int")
-            self._check(f.name, not isinstance(default, float) or ((is_int(v) or isinstance(v, float)) and v >= 0),
+            self._check(f.name, f.name == "n_lap" or not self._is_int(default) or (self._is_int(v) and v >= 0), "must be a non-negative int")
+            self._check(f.name, not isinstance(default, float) or ((self._is_int(v) or isinstance(v, float)) and v >= 0),
                         "must be a non-negative number")
         for field in ("n_layer", "n_head", "n_embd", "patch_size", "in_chans", "block_size"):
             self._check(field, getattr(self, field) >= 1, "must be at least 1")
@@ -218,6 +235,10 @@ class Config:
         self._check("pos", self.model != "vit" or self.pos == "learned", "the ViT uses a learned position embedding")
         self._check("graph", self.graph == "attention" or self.dropout == 0,
                     "the uniform graph has no attention probabilities to drop; set dropout=0")
+
+    @staticmethod
+    def _is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
 
     def _check(self, field, ok, why):
         if not ok:
@@ -261,7 +282,7 @@ def config_from_options(options, kind, **fixed):
 
 # ---- trunk shared by the ViT and the GPT ------------------------------------
 class Trunk(nn.Module):
-    """Blocks + final norm, analysis access, and the one place where weights are initialised."""
+    """Blocks + final norm and analysis access; each model initialises its own weights (init_weights)."""
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -287,37 +308,14 @@ class Trunk(nn.Module):
         return block.attn(block.norm1(x), rope, explicit=True, return_attn=True)[1]
 
     def num_params(self, exclude_embedding=False):
-        """Parameter count; exclude_embedding drops the GPT's token table (a lookup, not a matmul)."""
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.wte.weight.numel() if exclude_embedding and hasattr(self, "wte") else n
+        """Parameter count (the GPT can leave out its token table; the ViT has none to leave out)."""
+        return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, T):
         """Training FLOPs per token (nanochat): 6N (matmuls) + 12*L*H*Q*T (attention, H*Q = d); V - P V counts as 0,
         and so does the uniform graph's mean."""
         attention = 0 if self.config.graph == "uniform" else 12 * self.config.n_layer * self.config.n_embd * T
         return 6 * self.num_params(exclude_embedding=True) + attention
-
-    def init_weights(self):
-        """All initialisation lives here.
-        ViT (timm): Linear weights, positions ~ trunc normal(0.02), CLS token ~ N(0, 1e-6), biases 0; the rest: PyTorch's.
-        GPT (nanochat): Linear weights ~ N(0, 1/fan_in * min(1, fan_out/fan_in)), embedding ~ N(0, 1); attention/MLP
-            output projections and lm_head are zero, so every block, Laplacian or not, is an exact no-op at step 0."""
-        gpt = self.config.model == "gpt"
-        for m in self.modules():
-            if isinstance(m, nn.Linear) and gpt:
-                fan_out, fan_in = m.weight.shape
-                nn.init.normal_(m.weight, std=fan_in ** -0.5 * min(1.0, math.sqrt(fan_out / fan_in)))
-            elif isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-            elif isinstance(m, nn.Embedding):
-                nn.init.normal_(m.weight, std=1.0)
-            if isinstance(m, nn.Linear) and m.bias is not None:
-                nn.init.zeros_(m.bias)
-        for p in [p for b in self.blocks for p in (b.attn.proj.weight, b.mlp.proj.weight)] + [self.lm_head.weight] if gpt else []:
-            nn.init.zeros_(p)
-        if not gpt:  # in a fixed order, so that a seed gives one model
-            nn.init.trunc_normal_(self.pos_embed, std=0.02)
-            nn.init.normal_(self.cls_token, std=1e-6)
 
 # ---- ViT --------------------------------------------------------------------
 class ViT(Trunk):
@@ -331,6 +329,21 @@ class ViT(Trunk):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.grid * self.grid, c.n_embd))
         self.head = nn.Linear(c.n_embd, c.num_classes) if c.num_classes else nn.Identity()
         self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """timm's ViT init, in a fixed order so that a seed gives one model:
+        every nn.Linear (attn.qkv, attn.proj, mlp.fc, mlp.proj, head): weight ~ trunc normal(std 0.02), bias 0
+        pos_embed ~ trunc normal(std 0.02); cls_token ~ N(0, 1e-6)
+        patch_embed (Conv2d): PyTorch's default (uniform, fan-in scaled), as timm leaves it
+        LayerNorms (norm1, norm2, the QK norms, the final norm): weight 1, bias 0; LayerScale gamma: config.layerscale"""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
 
     def embed(self, img):  # img (B, C, H, W) -> tokens (B, 1 + N, d), the CLS token first
         x = self.patch_embed(img)  # (B, d, h, w)
@@ -367,6 +380,31 @@ class GPT(Trunk):
         self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)  # (1, T, 1, D/2)
         self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
         self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """nanochat's GPT init, in a fixed order so that a seed gives one model:
+        wte ~ N(0, 1)
+        attn.qkv, mlp.fc: weight ~ N(0, std 1/sqrt(fan_in) * min(1, sqrt(fan_out / fan_in)))
+        attn.proj, mlp.proj, lm_head: weight 0, so that every block, Laplacian or not, is an exact no-op at step 0
+        Linear biases (only with bias=True): 0; the norms are RMSNorm, without parameters"""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                fan_out, fan_in = m.weight.shape
+                nn.init.normal_(m.weight, std=fan_in ** -0.5 * min(1.0, math.sqrt(fan_out / fan_in)))
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, std=1.0)
+        for block in self.blocks:
+            nn.init.zeros_(block.attn.proj.weight)
+            nn.init.zeros_(block.mlp.proj.weight)
+        nn.init.zeros_(self.lm_head.weight)
+
+    def num_params(self, exclude_embedding=False):
+        """Parameter count; exclude_embedding leaves out the token table (a lookup, not a matmul)."""
+        n = super().num_params()
+        return n - self.wte.weight.numel() if exclude_embedding else n
 
     def _embed(self, idx):
         T = idx.shape[1]
@@ -502,6 +540,30 @@ def configure(namespace, argv=None, schedule=()):
 
 _defaults = {}  # the running script's option defaults, kept by configure() for finished_run()
 
+def check_options(config, at_least=None, above_zero=(), fractions=(), choices=None):
+    """A script's rules for its options, declared once and worded alike: at_least {minimum: [keys]},
+    above_zero [keys] (> 0), fractions [keys] (in [0, 1]), choices {key: allowed values}. Raises UsageError."""
+    def require(key, ok, why):
+        if not ok:
+            raise UsageError(f"--{key}={config[key]!r}: {why}")
+    for minimum, keys in (at_least or {}).items():
+        for key in keys:
+            require(key, config[key] >= minimum, f"must be at least {minimum}")
+    for key in above_zero:
+        require(key, config[key] > 0, "must be greater than 0")
+    for key in fractions:
+        require(key, 0 <= config[key] <= 1, "must lie in [0, 1]")
+    for key, allowed in (choices or {}).items():
+        require(key, config[key] in allowed, f"choose one of {', '.join(map(str, allowed))}")
+
+def check_resume(ckpt, kind, model_config):
+    """--resume continues one run: the checkpoint must hold a `kind` run of the same model. Raises UsageError."""
+    if ckpt.get("kind") != kind:
+        raise UsageError(f"--resume: the checkpoint holds a {ckpt.get('kind')} run, not a {kind} one; use a new --out_dir")
+    if ckpt["model_config"] != asdict(model_config):
+        raise UsageError("--resume: the checkpoint holds a different model; do not change model options on resume, "
+                         "or use a new --out_dir")
+
 def install_error_handler():
     """Input mistakes, a non-finite loss and Ctrl-C end in one stderr line (no traceback) from the first process."""
     def handler(kind, error, tb):
@@ -621,13 +683,25 @@ def set_rng_state(state):
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
+# ---- schedules
+def cosine_schedule(step, total, start, end, warmup=0, warmup_start=0.0, warmup_from=0):
+    """A linear warm-up from warmup_start to start over the first `warmup` steps, then a half cosine from start to end
+    at step `total` (and end after it); start == end: a warm-up, then constant. Warm-up step s is (s + warmup_from) /
+    warmup of the way: warmup_from 0 begins at warmup_start (DINO), 1 ends on start at step warmup - 1 (nanoGPT)."""
+    if step < warmup:
+        return warmup_start + (start - warmup_start) * (step + warmup_from) / warmup
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return end + 0.5 * (start - end) * (1 + math.cos(math.pi * progress))
+
 # ---- checkpoints and the output folder
 def clean_state_dict(state_dict):
     """Strip the prefixes that torch.compile (_orig_mod.) and DDP (module.) add to parameter names."""
     return {re.sub(r"(^|(?<=\.))(_orig_mod|module)\.", "", k): v for k, v in state_dict.items()}
 
-def save_checkpoint(obj, path):
-    """Atomic: temporary file, fsync, rename; a killed save leaves the old file, the next save removes its leftovers."""
+@contextmanager
+def atomic_write(path):
+    """`with atomic_write(path) as f:` writes a binary temporary file, fsyncs it and renames it to path: a killed
+    write leaves the old file (or none), the next write removes its leftovers; an error inside the block writes nothing."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     for name in [n for n in os.listdir(folder) if n.startswith(os.path.basename(path) + ".tmp")]:
@@ -635,13 +709,17 @@ def save_checkpoint(obj, path):
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+def save_checkpoint(obj, path):
+    with atomic_write(path) as f:
+        torch.save(obj, f)
 
 def load_checkpoint(path, context="", map_location="cpu"):
     """torch.load with weights_only=True (tensors and plain data, never code), failing in one line."""

@@ -117,7 +117,10 @@ def check_2(ex, seed):
     n = body_lines(ex.mixed_head_attention)
     ok = expect(n <= 15, f"mixed_head_attention's body has {n} lines of code (at most 15)")
     cases = [("vit-cpu", n_lap) for n_lap in (0, 1, 4)] + [("gpt-tiny", n_lap) for n_lap in (0, 2, 4)]
-    for preset, n_lap in cases:  # ViT: biases, LayerNorm on q and k; GPT: causal, no biases, RMSNorm on q and k
+    # ViT: biases, LayerNorm on q and k; GPT: causal, no biases, RMSNorm on q and k, and no RoPE: attn(x) without
+    # `rope` skips it. RoPE only rotates q and k before the scores: it changes P, not how P and I - P mix the
+    # values, which is what this exercise is about (nanolap's GPT passes rope to every block; exercise 6 does too)
+    for preset, n_lap in cases:
         torch.manual_seed(seed)
         cfg = make_config(preset, n_lap=n_lap, n_layer=1, vocab_size=10)
         attn = randomise(MixedHeadAttention(cfg, n_lap), 0.1, seed).eval()
@@ -125,8 +128,8 @@ def check_2(ex, seed):
         with torch.no_grad():
             fused, yours = attn(x), ex.mixed_head_attention(attn, x)
         err = (fused - yours).abs().max().item() if yours.shape == fused.shape else math.inf
-        ok &= expect(err <= 1e-5, f"{preset:8s} causal={str(cfg.causal):5s} n_lap={n_lap} of {cfg.n_head}: "
-                                  f"max |fused - yours| = {err:.1e} (at most 1e-5)")
+        ok &= expect(err <= 1e-5, f"{preset:8s} causal={str(cfg.causal):5s} {'no RoPE' if cfg.causal else '':7s} "
+                                  f"n_lap={n_lap} of {cfg.n_head}: max |fused - yours| = {err:.1e} (at most 1e-5)")
     return ok
 
 # ---- exercise 3: the causal case -------------------------------------------------------------------------------
@@ -186,9 +189,12 @@ def check_4(ex, depth, n_seq, seq_len, n_embd, n_head, out, figure, seed):
     sizes = dict(depth=depth, n_seq=n_seq, seq_len=seq_len, n_embd=n_embd, n_head=n_head, seed=seed)
     curves = {(n_lap, res): collapse_curve(ex.within_seq_frac, n_lap, res, **sizes)
               for res in (False, True) for n_lap in (0, n_head)}
+    shown = sorted(set(range(0, depth + 1, max(1, depth // 8))) | {depth})  # about nine layers, the last among them
+    print("  WithinSeqVar / TotalVar of the tokens after layer L of each stack (L = 0: the random input tokens)")
+    print(f"  {'after layer L =':30s}" + " ".join(f"{layer:>7d}" for layer in shown))
     for (n_lap, res), curve in curves.items():
-        print(f"  {'Laplacian' if n_lap else 'attention'} heads, {'x + attn(x)' if res else 'attn(x)    '}: "
-              + " ".join(f"{v:.1e}" for v in curve[::max(1, depth // 8)]) + f"  ... layer {depth}: {curve[-1]:.2e}")
+        name = f"{'Laplacian' if n_lap else 'attention'} heads, {'x + attn(x)' if res else 'attn(x)'}"
+        print(f"  {name:30s}" + " ".join(f"{curve[layer]:7.1e}" for layer in shown))
     if figure:
         plot_curves(curves, n_head, n_embd, os.path.join(out, "collapse.png"))
     att, lap = curves[(0, False)][-1], curves[(n_head, False)][-1]

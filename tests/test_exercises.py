@@ -73,6 +73,37 @@ def test_starter_and_solution_match_except_the_bodies(number):
     assert "NotImplementedError" not in text and "TODO" not in text and "Replace this" in text
 
 
+def test_ex4_labels_its_columns_with_their_layers(capsys, one_thread):
+    """Every value row of exercise 4 sits under a header naming its layer, from 0 (the input) to --depth."""
+    status, out = run_check(capsys, 4, "--solution", "--depth=5", "--n_seq=8", "--figure=False")
+    header = re.search(r"after layer L = +((?:\d+ *)+)\n", out)
+    assert status == 0 and header and header.group(1).split() == ["0", "1", "2", "3", "4", "5"], out
+    rows = re.findall(r"^  ((?:attention|Laplacian) heads, (?:attn\(x\)|x \+ attn\(x\))) +((?:\S+ *)+)$", out, re.M)
+    assert len(rows) == 4 and all(len(values.split()) == 6 for _, values in rows), out
+    line = next(line for line in out.splitlines() if "after layer L =" in line)
+    first_row = next(line for line in out.splitlines() if line.startswith("  attention heads, attn(x)"))
+    assert len(line) == len(first_row)  # the columns line up under their layers
+
+
+def test_ex2_says_its_gpt_cases_have_no_rope(capsys, one_thread):
+    status, out = run_check(capsys, 2, "--solution")
+    cases = re.findall(r"^  \[ok\] (\S+) +causal=(\S+) +(no RoPE)? *n_lap=", out, re.M)
+    assert status == 0 and len(cases) == 6, out
+    assert all((rope == "no RoPE") == (causal == "True") for _, causal, rope in cases), cases
+    readme = open(os.path.join(EXERCISES, "README.md")).read()
+    assert "leave out the rotary position embedding (RoPE)" in readme
+
+
+def test_the_answers_live_on_the_instructors_page():
+    """Students read README.md: it links the instructor's page with a warning and holds none of its answers."""
+    readme = open(os.path.join(EXERCISES, "README.md")).read()
+    instructor = open(os.path.join(EXERCISES, "INSTRUCTOR.md")).read()
+    assert "[the instructor's page](INSTRUCTOR.md)" in readme and "Try each exercise first" in readme
+    for heading in ("**What the class should observe.**", "**Common wrong turns.**", "**Times on a 2-core laptop.**"):
+        assert heading in instructor and heading not in readme
+    assert "85.51%" in instructor and "85.51%" not in readme  # an answer (exercise 5's accuracies)
+
+
 def test_a_student_error_is_a_fail_with_its_traceback(tmp_path, capsys, monkeypatch):
     broken = type(sys)("broken")
     broken.__file__ = str(tmp_path / "ex1_laplacian.py")
@@ -181,7 +212,7 @@ def test_ex6_gates_learn(capsys):
 def test_ex4_draws_the_figure(tmp_path, capsys):
     status, out = run_check(capsys, 4, "--solution", f"--out={tmp_path}")
     assert status == 0 and (tmp_path / "collapse.png").stat().st_size > 10000
-    assert re.search(r"attention heads, attn\(x\) .*layer 24: (\S+)", out)
+    assert re.search(r"after layer L = +0 +3 +6 +9 +12 +15 +18 +21 +24\n", out), out
 
 
 @pytest.mark.slow
