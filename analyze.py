@@ -103,6 +103,34 @@ class AnovaStats:
                           within_class=(self.mu_sumsq[seen] - count * mu_c.square().sum(-1)).sum() / self.n_seq,
                           between_class=(count * (mu_c - mu_G).square().sum(-1)).sum() / self.n_seq)
 
+class AnovaViews:
+    """The ANOVA (parts and fractions) of the last block's tokens x seen through the final norm in two more ways:
+    without the norm's learned affine (every token only standardised), and, with a classifier head, split between the
+    head's row space (the directions its logits read) and the orthogonal complement, after the full final norm. The
+    fractions of one view can move because its within-sequence part moves or because the rest does: compare the
+    parts. Which view the paper's figure shows is not stated there; most likely the final norm's output with its affine
+    (its ViTs are timm's, whose forward_features ends with that norm), i.e. layerwise' "norm" entry."""
+    def __init__(self, model, num_classes):
+        self.norm = model.norm
+        self.stats = {}
+        if getattr(model.norm, "weight", None) is not None:  # a LayerNorm with an affine to remove
+            self.stats["norm_without_affine"] = AnovaStats(num_classes)
+        self.bases = {}
+        if model.config.num_classes:
+            W = model.head.weight.detach().double()  # (C, d)
+            _, s, Vh = torch.linalg.svd(W, full_matrices=True)
+            rank = int((s > s.max() * 1e-8).sum())
+            self.bases = {"classifier_rows": Vh[:rank].T, "classifier_complement": Vh[rank:].T}  # (d, r), (d, d - r)
+            self.stats.update({name: AnovaStats(num_classes) for name in self.bases})
+    def update(self, x, y):
+        if "norm_without_affine" in self.stats:
+            self.stats["norm_without_affine"].update(F.layer_norm(x, x.shape[-1:], eps=self.norm.eps), y)
+        normed = self.norm(x).double()
+        for name, basis in self.bases.items():
+            self.stats[name].update(normed @ basis.to(normed.device), y)  # coordinates in the subspace
+    def result(self):
+        return {name: stats.result() for name, stats in self.stats.items()}
+
 def seq_cosine(h):
     """Mean pairwise cosine similarity of the tokens inside each sequence, (N, T, d) -> (N,): the mean over t != t'
     of cos(h_it, h_it'); its mean over sequences is the second collapse curve. With unit vectors u_t,
@@ -235,6 +263,75 @@ def pca_rgb(patches, grid):
     lo, hi = c.min(0).values, c.max(0).values
     return ((c - lo) / (hi - lo).clamp(min=1e-12)).reshape(*grid, 3)
 
+# ---------------------------------------------------------------- per-head diffusion
+# Head h of a block adds U_h to the residual stream X: its output P_h V_h (a Laplacian head: (I - P_h) V_h) through
+# its slice of the output projection (and LayerScale). The heads' U_h plus the projection bias are the attention
+# sublayer's output A; the MLP then adds M to X + A. Each is scored by what it does to the block input's variance.
+
+class VarChange:
+    """Streaming change that K updates u (B, T, K, d) make to the within- and between-sequence variance of tokens:
+        rho_k   = 2 <X_c, U_k,c> / |X_c|^2                 first order (X_c: tokens centred per sequence)
+        exact_k = WSV(X + U_k) / WSV(X) - 1 = (2 <X_c, U_k,c> + |U_k,c|^2) / |X_c|^2
+    negative = the update smooths (pulls each sequence's tokens together), positive = it sharpens. The between-sequence
+    part (TotalVar - WithinSeqVar: the sequence means, centred by their global mean) gets the same two numbers. The
+    updates act on `base` (default x), and x sets the scale: the MLP acts on X + A, scored against the block input X,
+    so that a block's exact change is its attention's plus its MLP's."""
+    def __init__(self):
+        self.n = 0
+    def update(self, x, u, base=None):
+        x, u = x.double(), u.double()
+        base = x if base is None else base.double()
+        bc = base - base.mean(1, keepdim=True)
+        uc = u - u.mean(1, keepdim=True)  # (B, T, K, d)
+        m_x, m_b, m_u = x.mean(1), base.mean(1), u.mean(1)  # sequence means (B, d), (B, d), (B, K, d)
+        if self.n == 0:  # shifts keep the between-sequence sums well conditioned; they cancel in every difference
+            self.shifts = (m_x[0], m_b[0], m_u[0])
+            self.sums = dict.fromkeys(("xx", "xu", "uu", "mxx", "mx", "mbu", "mb", "mu", "muu"), 0.0)
+        m_x, m_b, m_u = m_x - self.shifts[0], m_b - self.shifts[1], m_u - self.shifts[2]
+        s = self.sums
+        s["xx"] += (x - x.mean(1, keepdim=True)).square().sum()
+        s["xu"] += torch.einsum("btd,btkd->k", bc, uc)
+        s["uu"] += uc.square().sum((0, 1, 3))
+        s["mxx"] += m_x.square().sum()
+        s["mx"] += m_x.sum(0)
+        s["mbu"] += torch.einsum("bd,bkd->k", m_b, m_u)
+        s["mb"] += m_b.sum(0)
+        s["mu"] += m_u.sum(0)  # (K, d)
+        s["muu"] += m_u.square().sum((0, 2))
+        self.n += len(x)
+    def result(self):
+        s, n = self.sums, self.n
+        between_x = s["mxx"] - s["mx"].square().sum() / n  # n * BetweenSeqVar of x (equal T)
+        cross = s["mbu"] - s["mu"] @ s["mb"] / n  # (K,)
+        between_u = s["muu"] - s["mu"].square().sum(-1) / n
+        return {"rho": _relative(2 * s["xu"], s["xx"]), "exact": _relative(2 * s["xu"] + s["uu"], s["xx"]),
+                "rho_between": _relative(2 * cross, between_x),
+                "exact_between": _relative(2 * cross + between_u, between_x)}
+
+def _relative(change, scale):  # change (K,) / scale, as a list; None where the scale is 0 (no variance to change)
+    return (change / scale).tolist() if scale > 0 else [None] * len(change)
+
+def head_weights(block):
+    """A weight-only hint per head: the symmetric part S_h of its value-output map M_h = diag(g) Wv_h^T Wo_h^T diag(l)
+    (d x d; g the pre-attention norm's gain, l LayerScale's), as its smallest and largest eigenvalue and
+    tr(S_h) / sum |eig(S_h)| in [-1, 1] (-1: negative definite, so a Laplacian head's v_t - sum_j P_tj v_j points
+    against x_t: diffusion-like). It is a hint, not the test: M_h has rank head_dim << d, so S_h is silent on most
+    directions and its sign on the others need not be where the tokens lie, and I - P is not positive semidefinite when
+    attention is concentrated (P near a permutation); rho_h measures the change on the actual tokens."""
+    attn = block.attn
+    C, H, D = attn.proj.weight.shape[0], attn.n_head, attn.head_dim
+    w_v = attn.qkv.weight[-C:].double().view(H, D, C)  # the value rows, head by head
+    w_o = attn.proj.weight.double().view(C, H, D)
+    gain = getattr(block.norm1, "weight", None)
+    gain = torch.ones(C, dtype=torch.float64) if gain is None else gain.double().cpu()
+    scale = block.ls1.gamma.double().cpu() if isinstance(block.ls1, nanolap.LayerScale) else torch.ones(C, dtype=torch.float64)
+    out = []
+    for h in range(H):
+        M = gain[:, None] * (w_v[h].T.cpu() @ w_o[:, h].T.cpu()) * scale[None, :]  # (d, d)
+        eig = torch.linalg.eigvalsh((M + M.T) / 2)
+        out.append({"eig_min": eig[0].item(), "eig_max": eig[-1].item(), "trace_ratio": (eig.sum() / eig.abs().sum()).item()})
+    return out
+
 # ---------------------------------------------------------------- data and forward passes
 
 def subset(n, k, seed):  # a fixed random subset of k of n indices (sorted), the same for every run
@@ -275,18 +372,82 @@ def layerwise(anovas, cos_sums, n):
             "within_seq_frac": [a["within_seq_frac"] for a in anovas], "cosine": [float(c / n) for c in cos_sums]}
 
 @torch.no_grad()
+def block_updates(block, x, rope=None):
+    """What one block (eval mode) adds to its input x (B, T, d): every head's U_h (B, T, H, d), its output through
+    its columns of the output projection times LayerScale; the attention sublayer's output A = sum_h U_h + the
+    projection bias (times LayerScale), (B, T, d); and the MLP's update M of x + A. The block's output is x + A + M."""
+    attn, C = block.attn, x.shape[-1]
+    y = attn.heads(block.norm1(x), rope)[0]  # (B, T, H, D)
+    U = torch.einsum("bthe,dhe->bthd", y, attn.proj.weight.view(C, attn.n_head, attn.head_dim))  # (B, T, H, d)
+    bias = attn.proj.bias if attn.proj.bias is not None else torch.zeros(C, device=x.device)
+    if isinstance(block.ls1, nanolap.LayerScale):
+        U, bias = U * block.ls1.gamma, bias * block.ls1.gamma
+    A = U.sum(2) + bias  # (B, T, d)
+    return U, A, block.ls2(block.mlp(block.norm2(x + A)))
+
+def update_heads(model, x, rope, stats, select):
+    """One batch of the per-head analysis, block by block from the embedded tokens x; stats: one (VarChange of the
+    heads, the attention sublayer and the whole block on the block's input, VarChange of the MLP) per block; select
+    picks the analysed tokens (dim 1). Returns the last block's output."""
+    for block, (on_input, on_mlp) in zip(model.blocks, stats):
+        U, A, M = block_updates(block, x, rope)
+        on_input.update(select(x), select(torch.cat([U, A[:, :, None], (A + M)[:, :, None]], dim=2)))
+        on_mlp.update(select(x), select(M)[:, :, None], base=select(x + A))
+        x = x + A + M
+    return x
+
+def head_results(model, stats):
+    """analysis.json's "heads": per block, every head's rho / exact change (and the between-sequence pair), which
+    heads are Laplacian, the attention sublayer, the MLP, the whole block, and the weight-only hint per head."""
+    layers = []
+    for l, (block, (on_input, on_mlp)) in enumerate(zip(model.blocks, stats)):
+        r, mlp, H = on_input.result(), on_mlp.result(), block.attn.n_head
+        layers.append({"block": l + 1, "laplacian": [h >= H - block.attn.n_lap for h in range(H)],
+                       **{key: values[:H] for key, values in r.items()},
+                       "attention": {key: values[H] for key, values in r.items()},
+                       "mlp": {key: values[0] for key, values in mlp.items()},
+                       "block_total": {key: values[H + 1] for key, values in r.items()},
+                       "weights": head_weights(block)})
+    return {"graph": model.config.graph, "layers": layers}
+
+def head_means(heads):
+    """Per block, the mean rho of its Laplacian heads and of its attention heads (None where a block has none)."""
+    out = {"laplacian": [], "attention": []}
+    for layer in heads["layers"]:
+        for kind, want in (("laplacian", True), ("attention", False)):
+            rhos = [rho for rho, lap in zip(layer["rho"], layer["laplacian"]) if lap == want and rho is not None]
+            out[kind].append(sum(rhos) / len(rhos) if rhos else None)
+    return out
+
+def patch_tokens(h):  # (B, 1 + N, ...) -> (B, N, ...): without the CLS token
+    return h[:, 1:]
+
+def all_tokens(h):
+    return h
+
+@torch.no_grad()
 def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, batch_size, device):
     """Stream the statistics of images x (N, C, H, W) uint8, normalised as in training ((x / 255 - mean) / std):
-    ANOVA and cosine after every block, the spectrum at `layer`; with a head, pooled features, token means and
-    ETF_TOKENS tokens per image (final norm); the tokens at `layer` of the first n_keep images (DINO: patch tokens)."""
-    L, cls_head, sel = model.config.n_layer, model.config.num_classes > 0, (lambda h: h[:, 1:] if patch_only else h)
-    layer_anova, cos_sum, spec = [AnovaStats(num_classes) for _ in range(L + 1)], [0.0] * (L + 1), SpectrumStats()
-    mean, std = (torch.tensor(v, device=device).view(1, -1, 1, 1) for v in (mean, std))
+    ANOVA and cosine after every block, the spectrum at `layer`, the per-head analysis; the ANOVA of the last block's
+    tokens under other views (anova_views); with a head, pooled features, token means and ETF_TOKENS tokens per image
+    (final norm); the tokens at `layer` of the first n_keep images (DINO: patch tokens)."""
+    L = model.config.n_layer
+    cls_head = model.config.num_classes > 0
+    sel = patch_tokens if patch_only else all_tokens
+    layer_anova = [AnovaStats(num_classes) for _ in range(L + 1)]
+    cos_sum = [0.0] * (L + 1)
+    spec = SpectrumStats()
+    head_stats = [(VarChange(), VarChange()) for _ in range(L)]
+    views = AnovaViews(model, num_classes)
+    mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
+    std = torch.tensor(std, device=device).view(1, -1, 1, 1)
     keep = dict(kept=[], shown=[], **(dict(pooled=[], seq_means=[], tokens=[]) if cls_head else {}))
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
         img = (augment.to_unit(x[s].to(device), model.config.img_size) - mean) / std
         hs = model.forward_features(img, all_layers=True)  # L + 1 tensors (B, 1 + N, d)
         update_layers([sel(h) for h in hs], y[s], layer_anova, cos_sum, spec, layer)
+        update_heads(model, model.embed(img), None, head_stats, sel)
+        views.update(sel(hs[-2]), y[s])
         h = pick_layer(hs, layer)
         if cls_head:
             keep["pooled"].append(model.pool(hs[-1]).double().cpu())
@@ -298,7 +459,8 @@ def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, b
             keep["shown"].append(x[s][:left])
     layers = [a.result() for a in layer_anova]
     return {"layerwise": dict(layerwise(layers, cos_sum, len(x)), anova=layers), "anova": pick_layer(layers, layer),
-            "spectrum": spec.result()}, {k: torch.cat(v) for k, v in keep.items()}
+            "anova_views": dict(views.result(), last_block=layers[-2], final_norm=layers[-1]),
+            "spectrum": spec.result(), "heads": head_results(model, head_stats)}, {k: torch.cat(v) for k, v in keep.items()}
 
 @torch.no_grad()
 def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
@@ -311,9 +473,11 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
     cls_of[top] = torch.arange(len(top))
     layer_anova, cos_sum, spec = [AnovaStats(1) for _ in range(L + 1)], [0.0] * (L + 1), SpectrumStats()
     cls = ClassStats(len(top))
+    head_stats = [(VarChange(), VarChange()) for _ in range(L)]
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
         hs = model.forward_features(x[s].to(device), all_layers=True)  # L + 1 tensors (B, T, d)
         update_layers(hs, torch.zeros(len(x[s]), dtype=torch.long), layer_anova, cos_sum, spec, layer)  # one class
+        update_heads(model, *model.embed(x[s].to(device)), head_stats, all_tokens)
         h = pick_layer(hs, layer)
         c = cls_of[targets[s].reshape(-1)]
         cls.update(h.reshape(-1, h.shape[-1])[c.to(device) >= 0], c[c >= 0])
@@ -321,7 +485,8 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
     return {"layerwise": layerwise([a.result() for a in layer_anova], cos_sum, len(x)),
             "anova": dict(cls.anova(), n_classes=nc["n_classes"], n_tokens=cls.n_seq,
                           target_share=counts[top].sum().item() / targets.numel()),
-            "nc": {k: nc[k] for k in ("nc1", "nc2_equinorm", "nc2_equiangular")}, "spectrum": spec.result()}, top.tolist()
+            "nc": {k: nc[k] for k in ("nc1", "nc2_equinorm", "nc2_equiangular")}, "spectrum": spec.result(),
+            "heads": head_results(model, head_stats)}, top.tolist()
 
 def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
     """NC1-NC4 with the trained head, on the pooled features and token means; the ETF projection of those and of tokens."""
@@ -424,6 +589,35 @@ def fig_pca(kept, labels, names, where, title, path):  # kept (n, T, d); the ten
     return fig_scatter([(f"tokens ({where}) of {n} images{note}", xy, lab, None)], names, shown, title, path,
                        (f"PC1 ({ratio[0]:.0%})", f"PC2 ({ratio[1]:.0%})"))
 
+def fig_heads(heads, title, path):
+    """Left: rho_h of every head (rows) in every block (columns), diverging colours centred on 0, Laplacian heads
+    marked L; right: the exact change of the within-sequence variance by the attention sublayer, the MLP and the block."""
+    plt = _plt()
+    layers = heads["layers"]
+    rho = torch.tensor([[math.nan if r is None else r for r in layer["rho"]] for layer in layers]).T  # (H, L)
+    H, L = rho.shape
+    limit = max(float(rho.nan_to_num().abs().max()), 1e-12)
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(4.0 + 0.9 * L + 0.3 * H, 1.6 + 0.45 * H),
+                                 gridspec_kw=dict(width_ratios=[1.2, 1]))
+    image = ax.imshow(rho.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    for l, layer in enumerate(layers):
+        for h, lap in enumerate(layer["laplacian"]):
+            ax.text(l, h, f"{'L' if lap else 'A'}\n{rho[h, l]:+.2g}", ha="center", va="center", fontsize=7)
+    ax.set(xticks=range(L), xticklabels=[str(layer["block"]) for layer in layers], yticks=range(H), xlabel="block",
+           ylabel="head (A attention, L Laplacian)", title="per-head first-order change $\\rho_h$")
+    fig.colorbar(image, ax=ax, label="blue: smooths, red: sharpens")
+    width = 0.27
+    for k, (part, color) in enumerate((("attention", "#4c72b0"), ("mlp", "#dd8452"), ("block_total", "#55a868"))):
+        values = [layer[part]["exact"] or 0.0 for layer in layers]
+        bars.bar([l + (k - 1) * width for l in range(L)], values, width, color=color, label=part.replace("_total", ""))
+    bars.axhline(0, color="k", lw=0.8)
+    bars.set(xticks=range(L), xticklabels=[str(layer["block"]) for layer in layers], xlabel="block",
+             ylabel="exact relative change of\nwithin-sequence variance", title="sublayers (negative: smoother)")
+    bars.legend(fontsize=7)
+    fig.suptitle(title + "\nwhat to look for: a diffusion step smooths (blue, negative); the paper's reading predicts "
+                 "blue Laplacian heads", fontsize=8)
+    return _save(fig, path)
+
 def fig_pca_maps(kept, shown, grid, title, path):
     fig, axes = _plt().subplots(2, len(kept), figsize=(1.4 * len(kept) + 0.6, 3.3), squeeze=False)
     for a, b, patches, img in zip(*axes, kept, shown):
@@ -445,6 +639,24 @@ def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return path and _save(fig, path)
+
+def fig_head_means(table, color, title, path):
+    """compare()'s per-head figure: per block, the mean rho of the Laplacian heads (solid) and of the attention heads
+    (dashed) of each n_lap group, mean +- std over its seeds."""
+    fig, ax = _plt().subplots(figsize=(5.6, 3.8))
+    for row in table:
+        for kind, style in (("laplacian", "o-"), ("attention", "s--")):
+            per_block = list(zip(*[m[kind] for m in row["head_means"]]))  # blocks x seeds
+            stats = [_mean_std(values) for values in per_block]
+            pts = [(l + 1, s) for l, s in enumerate(stats) if s["mean"] is not None]
+            if pts:
+                ax.errorbar([p for p, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=style,
+                            capsize=3, color=color[row["n_lap"]], label=f"n_lap={row['n_lap']}: {kind} heads")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xlabel="block", ylabel="mean first-order change $\\rho$\n(negative: the heads smooth)", title=title)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
 
 def fig_headline(sets, path):
     """The README's figure, a column per paradigm: its headline end metric (END_METRICS' first; top) and the
@@ -514,7 +726,31 @@ def run_summary(res):
     for key, nc in ({"next-token classes": res["nc"]} if res["kind"] == "gpt" else res.get("nc", {})).items():
         lines += [f"| {m} ({key}) | {v if m == 'features' else format(v, '.4g')} |" for m, v in nc.items()
                   if m.startswith(("nc", "features")) and not (m.endswith("_w") and key == "seq_means")]  # W's metrics once
-    return "\n".join(lines + ["", "Figures: " + ", ".join(res["figures"]), ""])
+    return "\n".join(lines + views_lines(res) + heads_lines(res["heads"]) + ["", "Figures: " + ", ".join(res["figures"]), ""])
+
+def views_lines(res):  # summary.md: the absolute ANOVA parts of the last block's tokens under each view
+    views = res.get("anova_views")
+    if not views:
+        return []
+    lines = ["", "Absolute parts (the fractions above are these divided by their total):", "",
+             "| tokens | within-seq var | between-seq var (total − within-seq) | within-seq share |", "|---|---|---|---|"]
+    for name, v in views.items():
+        lines.append(f"| {name.replace('_', ' ')} | {v['within_seq_var']:.4g} | {v['total_var'] - v['within_seq_var']:.4g} "
+                     f"| {_fmt(v['within_seq_frac'])} |")
+    return lines
+
+def heads_lines(heads):  # summary.md: per block, the mean rho of each kind of head and the sublayers' exact changes
+    means = head_means(heads)
+    lines = ["", "Per-head analysis: relative change of the block input's within-sequence variance (negative = the "
+             "update smooths the tokens), first order (rho) for heads, exact for sublayers (attention + MLP = block):", "",
+             "| block | Laplacian heads, mean rho | attention heads, mean rho | attention | MLP | block |",
+             "|---|---|---|---|---|---|"]
+    for layer, lap, att in zip(heads["layers"], means["laplacian"], means["attention"]):
+        exact = [_fmt(layer[part]["exact"], "+.4f") for part in ("attention", "mlp", "block_total")]
+        lines.append(f"| {layer['block']} | {_fmt(lap, '+.4f')} | {_fmt(att, '+.4f')} | " + " | ".join(exact) + " |")
+    return lines
+
+
 
 def _mean_std(values):
     v = torch.tensor([x for x in values if x is not None], dtype=torch.float64)
@@ -547,7 +783,8 @@ def compare(results, out_dir, prefix, name):
               "seeds": [r["seed"] for r in g], metric: _mean_std(r["final_metric"]["value"] for r in g),
               **{key: _mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
                  for key in parts + [f"k_{a}" for a in ALPHAS]},
-              "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]}}
+              "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]},
+              "head_means": [head_means(r["heads"]) for r in g if "heads" in r]}
              for k, g in groups.items()]
     curves = [(f"n_lap={k}", color[k], {key: _mean_curve([r["layerwise"][key] for r in g])
                                          for key in ("within_seq_frac", "cosine")}) for k, g in groups.items()]
@@ -565,6 +802,9 @@ def compare(results, out_dir, prefix, name):
                           for k, g in groups.items()], f"{name}: mean spectra", path + "spectra.png"),
             fig_collapse(curves, max((r["layerwise"]["layer"] for r in results), key=len),
                          f"{name}: layerwise within-sequence collapse", path + "collapse.png")]
+    if all(row["head_means"] for row in table):
+        figs.append(fig_head_means(table, color, f"{name}: per-head change of within-sequence variance{bars}",
+                                   path + "heads.png"))
     differ = differing_settings([r["train_config"] for r in results])
     if differ:
         print(f"note: the {name} runs also differ in {', '.join(differ)}; the comparison groups them by n_lap only")
@@ -585,7 +825,10 @@ def run_metrics(a, result, a_all=None):
     """What a comparison tabulates of a run, from its analysis a, its RESULT line's values and (ViT, DINO) optionally
     the analysis a_all of all its tokens: the end metrics (END_METRICS; FINAL_METRIC's from log.jsonl where result
     lacks it), the ANOVA fractions (at the analysed layer) of the patch tokens (GPT: of next-token classes) and of all
-    tokens (with CLS), the within-sequence share after the last block, NC1 (ViT: of the pooled features), k_0.99."""
+    tokens (with CLS), the within-sequence share after the last block, NC1 (ViT: of the pooled features), k_0.99; the
+    absolute within- and between-sequence parts after the last block and the within-sequence share under the other
+    views (AnovaViews); the mean rho of the Laplacian and of the attention heads over blocks. None where the analysis
+    predates a quantity."""
     fm, nc, kind = a["final_metric"], a.get("nc", {}), a["kind"]
     ends = {fm["name"]: fm["value"], **{k: float(v) for k, v in result.items() if k in END_METRICS[kind]}}
     m = {k: ends.get(k) for k in END_METRICS[kind]}
@@ -593,8 +836,19 @@ def run_metrics(a, result, a_all=None):
     sources = [("next-token", a)] if kind == "gpt" else [("patch", None if cls else a), ("all", a if cls else a_all)]
     for label, b in sources:
         m.update({f"{f[:-5]} ({label})": b and b["anova"].get(f) for f in (FRACS[1:] if kind == "gpt" else FRACS[::2])})
-    return dict(m, **{"within_seq after last block": a["layerwise"]["within_seq_frac"][-2],  # [-1]: the final norm
-                      "nc1": nc.get("nc1", nc.get("pooled", {}).get("nc1")), "k_0.99": a["spectrum"]["k_0.99"]})
+    m.update({"within_seq after last block": a["layerwise"]["within_seq_frac"][-2],  # [-1]: the final norm
+              "nc1": nc.get("nc1", nc.get("pooled", {}).get("nc1")), "k_0.99": a["spectrum"]["k_0.99"]})
+    views = a.get("anova_views", {})
+    last = views.get("last_block", {})
+    m["within_seq_var (last block)"] = last.get("within_seq_var")
+    m["between_seq_var (last block)"] = last["total_var"] - last["within_seq_var"] if last else None
+    for name in ("norm_without_affine", "classifier_rows", "classifier_complement"):
+        m[f"within_seq ({name.replace('_', ' ')})"] = views.get(name, {}).get("within_seq_frac")
+    means = head_means(a["heads"]) if "heads" in a else {"laplacian": [], "attention": []}
+    for kind, per_block in means.items():
+        rhos = [r for r in per_block if r is not None]
+        m[f"rho of {kind} heads (mean)"] = sum(rhos) / len(rhos) if rhos else None
+    return m
 
 def effect(v0, v1):
     """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
@@ -602,6 +856,26 @@ def effect(v0, v1):
     s0, s1 = _mean_std(v0), _mean_std(v1)
     se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"]) if min(s0["n"], s1["n"]) > 1 else None
     return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
+
+def spearman_trend(xs, ys, samples=10_000, seed=0):
+    """Spearman's rank correlation of ys against xs (ties share their mean rank) over all runs of a set, and its
+    two-sided permutation p: the share of `samples` random pairings of the same values (fixed seed) whose |correlation|
+    reaches the observed one, counting the observed pairing once: (hits + 1) / (samples + 1)."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    observed = _correlation(rx, ry[None])[0]
+    g = torch.Generator().manual_seed(seed)
+    shuffled = torch.stack([ry[torch.randperm(len(ry), generator=g)] for _ in range(samples)])
+    hits = (_correlation(rx, shuffled).abs() >= abs(observed) - 1e-12).sum().item()
+    return observed.item(), (hits + 1) / (samples + 1)
+
+def _ranks(values):  # ranks 1..n, ties at their mean rank
+    v = torch.tensor(values, dtype=torch.float64)
+    return torch.tensor([((v < x).sum() + ((v == x).sum() + 1) / 2).item() for x in v], dtype=torch.float64)
+
+def _correlation(x, ys):  # Pearson correlation of x (n,) with each row of ys (k, n)
+    x = x - x.mean()
+    ys = ys - ys.mean(-1, keepdim=True)
+    return (ys @ x) / (ys.norm(dim=-1) * x.norm()).clamp(min=1e-300)
 
 def compare_summary(comparisons, intro):
     """summary.md of compare()'s sets: the runs' metrics as mean ± std over seeds per n_lap, and the effect of the
@@ -630,8 +904,37 @@ def compare_summary(comparisons, intro):
                       f"lies strictly beyond every seed of the other. With {n0} + {n1} seeds an exact permutation "
                       f"test's smallest two-sided p is 2 / C({n0 + n1}, {n0}) = "
                       f"{min(1, 2 / math.comb(n0 + n1, n0)):.2g}: 'separated' is the most these seeds can show."]
+        if len(groups) > 2:
+            lines += trend_lines(groups, keys)
+        if all(g["head_means"] for g in groups):
+            lines += group_heads_lines(groups)
         lines += ["", "Figures: " + ", ".join(c["figures"])]
     return "\n".join(lines + [""])
+
+def trend_lines(groups, keys):  # summary.md: Spearman's trend over every n_lap value of a set
+    lines = ["", "| trend over all n_lap values | Spearman's rank correlation | permutation p | runs |", "|---|---|---|---|"]
+    for k in keys:
+        xs = [g["n_lap_mean"] for g in groups for _ in g["values"][k]]
+        ys = [v for g in groups for v in g["values"][k]]
+        if len(set(ys)) > 1 and len(set(xs)) > 1:
+            r, p = spearman_trend(xs, ys)
+            lines.append(f"| {k} | {r:+.3f} | {p:.4f} | {len(ys)} |")
+    return lines + ["", "Spearman's correlation of each metric with n_lap over every run of the set (ties: mean ranks); "
+                    "p: the share of 10,000 random pairings (seed 0) with at least the observed |correlation|."]
+
+def group_heads_lines(groups):  # summary.md: per n_lap and block, the mean rho of each kind of head over seeds
+    n_blocks = max(len(m["laplacian"]) for g in groups for m in g["head_means"])
+    lines = ["", "Per-head analysis: mean first-order change rho of the block input's within-sequence variance "
+             "(negative = the heads smooth), per block, mean ± std over seeds:", "",
+             "| n_lap | heads | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |", "|---" * (n_blocks + 2) + "|"]
+    for g in groups:
+        for kind in ("laplacian", "attention"):
+            per_block = [_mean_std([m[kind][l] for m in g["head_means"] if l < len(m[kind])]) for l in range(n_blocks)]
+            if any(s["mean"] is not None for s in per_block):
+                cells = ["n/a" if s["mean"] is None else f"{s['mean']:+.4f}" + (f" ± {s['std']:.4f}" if s["n"] > 1 else "")
+                         for s in per_block]
+                lines.append(f"| {g['n_lap']} | {kind} | " + " | ".join(cells) + " |")
+    return lines
 
 # ---------------------------------------------------------------- the sweep's report (--report)
 
@@ -759,6 +1062,7 @@ if __name__ == "__main__":
         spectrum = fig_spectrum([("mean $\\lambda_j$", "C0", res["spectrum"]["lambda_mean"])], title,
                                 fig_path("spectrum.png"), res["spectrum"])
         figs = [spectrum, collapse, anova_fig] if kind == "gpt" else [collapse, anova_fig, spectrum]
+        figs.append(fig_heads(res["heads"], title, fig_path("heads.png")))
         if kind == "vit":
             figs.append(fig_pca(extra["kept"], y, names, where, title, fig_path("pca.png")))
             res["settings"]["pca_images"] = len(extra["kept"])

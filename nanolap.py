@@ -332,11 +332,13 @@ class ViT(Trunk):
 
     @torch.no_grad()
     def init_weights(self):
-        """timm's ViT init, in a fixed order so that a seed gives one model:
-        every nn.Linear (attn.qkv, attn.proj, mlp.fc, mlp.proj, head): weight ~ trunc normal(std 0.02), bias 0
+        """timm's ViT init; the random draws follow the modules' order, then pos_embed, then cls_token (a seed gives
+        one model):
+        attn.qkv, attn.proj, mlp.fc, mlp.proj, head (every nn.Linear): weight ~ trunc normal(std 0.02), bias 0
         pos_embed ~ trunc normal(std 0.02); cls_token ~ N(0, 1e-6)
-        patch_embed (Conv2d): PyTorch's default (uniform, fan-in scaled), as timm leaves it
-        LayerNorms (norm1, norm2, the QK norms, the final norm): weight 1, bias 0; LayerScale gamma: config.layerscale"""
+        patch_embed (a Conv2d): PyTorch's default, uniform with a fan-in bound, as timm leaves it
+        norm1, norm2, attn.q_norm, attn.k_norm, norm (LayerNorms): weight 1, bias 0 (PyTorch's)
+        ls1, ls2 (LayerScale, when config.layerscale > 0): gamma = config.layerscale"""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -383,11 +385,12 @@ class GPT(Trunk):
 
     @torch.no_grad()
     def init_weights(self):
-        """nanochat's GPT init, in a fixed order so that a seed gives one model:
+        """nanochat's GPT init; the random draws follow the modules' order, so that a seed gives one model:
+        attn.qkv, mlp.fc: weight ~ N(0, std 1/sqrt(fan_in) * min(1, sqrt(fan_out / fan_in))), bias (bias=True) 0
         wte ~ N(0, 1)
-        attn.qkv, mlp.fc: weight ~ N(0, std 1/sqrt(fan_in) * min(1, sqrt(fan_out / fan_in)))
-        attn.proj, mlp.proj, lm_head: weight 0, so that every block, Laplacian or not, is an exact no-op at step 0
-        Linear biases (only with bias=True): 0; the norms are RMSNorm, without parameters"""
+        attn.proj, mlp.proj, lm_head: weight 0 (after a draw like attn.qkv's), so that every block, Laplacian or not,
+            is an exact no-op at step 0
+        (the norms, RMSNorm or with norm='layernorm' LayerNorms, keep PyTorch's init: weight 1, bias 0)"""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 fan_out, fan_in = m.weight.shape
@@ -406,7 +409,7 @@ class GPT(Trunk):
         n = super().num_params()
         return n - self.wte.weight.numel() if exclude_embedding else n
 
-    def _embed(self, idx):
+    def embed(self, idx):  # idx (B, T) -> tokens (B, T, d) and the rotary (cos, sin) of T positions
         T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
@@ -414,7 +417,7 @@ class GPT(Trunk):
         return x, (self.cos[:, :T].to(x.dtype), self.sin[:, :T].to(x.dtype))
 
     def forward_features(self, idx, explicit=False, all_layers=False):
-        return self.run_blocks(*self._embed(idx), explicit, all_layers)
+        return self.run_blocks(*self.embed(idx), explicit, all_layers)
 
     def forward(self, idx, targets=None, explicit=False):
         logits = self.lm_head(self.forward_features(idx, explicit)).float()  # (B, T, vocab)
@@ -423,7 +426,7 @@ class GPT(Trunk):
         return logits if targets is None else (logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1))
 
     def get_attention(self, idx, layer):
-        return self.attention_maps(*self._embed(idx), layer)
+        return self.attention_maps(*self.embed(idx), layer)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):

@@ -263,6 +263,147 @@ def test_pca_helpers():
 
 
 # -----------------------------------------------------------------------------
+# per-head diffusion, the ANOVA views and the trend test
+
+
+def within_seq(x):  # the within-sequence sum of squares of x (N, T, d), written out independently of analyze.py
+    xc = x.double() - x.double().mean(1, keepdim=True)
+    return xc.square().sum().item()
+
+
+def diffusion_block(tau, d=6):
+    """A one-head Laplacian block whose update is exactly the heat-diffusion step X <- X - tau (I - P) X:
+    no norms, values = tokens (W_v = I), output projection -tau I, MLP zero; P = softmax(X Wq^T (X Wk^T)^T / sqrt(d))."""
+    from nanolap import Block, Config
+    config = Config(n_layer=1, n_head=1, n_embd=d, n_lap=1, qk_norm=False, bias=False, img_size=4, patch_size=2)
+    block = Block(config, n_lap=1, drop_path_rate=0.0).double().eval()
+    block.norm1 = torch.nn.Identity()
+    g = torch.Generator().manual_seed(3)
+    w_q = torch.randn(d, d, generator=g, dtype=torch.float64)
+    w_k = torch.randn(d, d, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        block.attn.qkv.weight.copy_(torch.cat([w_q, w_k, torch.eye(d, dtype=torch.float64)]))
+        block.attn.proj.weight.copy_(-tau * torch.eye(d, dtype=torch.float64))
+        block.mlp.proj.weight.zero_()
+    return block, w_q, w_k
+
+
+def test_per_head_change_of_an_exact_diffusion_step():
+    tau, d = 0.3, 6
+    block, w_q, w_k = diffusion_block(tau, d)
+    x = torch.randn(5, 7, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    P = ((x @ w_q.T) @ (x @ w_k.T).transpose(1, 2) / math.sqrt(d)).softmax(-1)  # (N, T, T), a known graph
+    step = x - tau * (x - P @ x)  # one explicit diffusion step on that graph
+    U, A, M = analyze.block_updates(block, x)
+    assert torch.allclose(x + A + M, step, atol=1e-12) and torch.allclose(U[:, :, 0], step - x, atol=1e-12)
+    model = type("Model", (), dict(blocks=[block], config=block.attn))  # what update_heads/head_results read
+    model.config.graph = "attention"
+    stats = [(analyze.VarChange(), analyze.VarChange())]
+    analyze.update_heads(model, x[:2], None, stats, analyze.all_tokens)  # streamed in two batches
+    analyze.update_heads(model, x[2:], None, stats, analyze.all_tokens)
+    layer = analyze.head_results(model, stats)["layers"][0]
+    xc = x - x.mean(1, keepdim=True)
+    uc = (step - x) - (step - x).mean(1, keepdim=True)
+    expected_rho = 2 * (xc * uc).sum().item() / within_seq(x)
+    assert layer["laplacian"] == [True]
+    assert layer["rho"][0] == pytest.approx(expected_rho, rel=1e-10)
+    assert layer["exact"][0] == pytest.approx(within_seq(step) / within_seq(x) - 1, rel=1e-10)
+    assert layer["exact"][0] < 0 and layer["rho"][0] < 0  # a diffusion step smooths
+    assert layer["block_total"]["exact"] == pytest.approx(layer["exact"][0], rel=1e-10)
+    assert layer["mlp"]["exact"] == pytest.approx(0.0, abs=1e-12)
+    w = analyze.head_weights(block)[0]  # M_h = -tau I: negative definite
+    assert w["trace_ratio"] == pytest.approx(-1.0) and w["eig_min"] == pytest.approx(-tau) == w["eig_max"]
+
+
+def test_uniform_attention_heads_leave_within_sequence_variance_unchanged():
+    """P = 11^T / T: an attention head adds the same vector to every token of a sequence (rho = exact = 0), while a
+    Laplacian head subtracts each sequence's mean value and does change it."""
+    model = build_model(make_config("vit-tiny", n_lap=[0, 2, 4, 1], graph="uniform", layerscale=0.5)).eval()
+    randomise(model)
+    img = torch.randn(6, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
+    analyze.update_heads(model, model.embed(img), None, stats, analyze.all_tokens)
+    for layer in analyze.head_results(model, stats)["layers"]:
+        for rho, exact, lap in zip(layer["rho"], layer["exact"], layer["laplacian"]):
+            assert (abs(rho) < 1e-9 and abs(exact) < 1e-9) if not lap else abs(rho) > 1e-6
+
+
+def randomise(model, std=0.2):
+    """Random values for every parameter (the zero-initialised projections would make every head a no-op)."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            gain = 1.0 if p.ndim == 1 and name.endswith("norm.weight") or "norm1.weight" in name else 0.0
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std + gain)
+
+
+@pytest.mark.parametrize("preset", ["vit-tiny", "gpt-tiny"])
+def test_heads_add_up_to_the_attention_sublayer_and_the_block(preset):
+    """sum_h U_h + bias is the attention sublayer's output, x + A + M the block's; the first-order terms of the heads add
+    up to the sublayer's, and attention + MLP to the block's exact change."""
+    extra = dict(layerscale=0.3) if preset.startswith("vit") else {}
+    model = build_model(make_config(preset, n_lap=[0, 1, 3, 4], **extra)).double().eval()  # float64: exact sums
+    randomise(model)
+    inp = torch.randn(4, 1, 28, 28, dtype=torch.float64) if preset.startswith("vit") else torch.randint(0, 65, (4, 24))
+    x, rope = (model.embed(inp), None) if preset.startswith("vit") else model.embed(inp)
+    stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
+    out = analyze.update_heads(model, x, rope, stats, analyze.all_tokens)
+    assert torch.allclose(out, model.forward_features(inp, all_layers=True)[-2], rtol=1e-9, atol=1e-9)
+    for block in model.blocks:
+        U, A, M = analyze.block_updates(block, x, rope)
+        assert torch.allclose(A, block.ls1(block.attn(block.norm1(x), rope)), rtol=1e-9, atol=1e-9)
+        assert torch.allclose(x + A + M, block(x, rope), rtol=1e-9, atol=1e-9)
+        x = block(x, rope)
+    for layer in analyze.head_results(model, stats)["layers"]:
+        assert sum(layer["rho"]) == pytest.approx(layer["attention"]["rho"], rel=1e-9, abs=1e-12)
+        assert layer["attention"]["exact"] + layer["mlp"]["exact"] == pytest.approx(layer["block_total"]["exact"], rel=1e-9)
+        total = layer["attention"]["exact_between"] + layer["mlp"]["exact_between"]
+        assert total == pytest.approx(layer["block_total"]["exact_between"], rel=1e-9)
+
+
+def test_between_sequence_change_against_a_direct_computation():
+    g = torch.Generator().manual_seed(2)
+    x, u = torch.randn(9, 5, 3, generator=g, dtype=torch.float64), torch.randn(9, 5, 1, 3, generator=g, dtype=torch.float64)
+    stats = analyze.VarChange()
+    stats.update(x[:4], u[:4])
+    stats.update(x[4:], u[4:])
+    r = stats.result()
+
+    def between(h):  # the variance of the sequence means about their mean
+        m = h.mean(1)
+        return (m - m.mean(0)).square().sum().item()
+    assert r["exact_between"][0] == pytest.approx(between(x + u[:, :, 0]) / between(x) - 1, rel=1e-10)
+    assert r["exact"][0] == pytest.approx(within_seq(x + u[:, :, 0]) / within_seq(x) - 1, rel=1e-10)
+
+
+def test_anova_views_split_the_final_norm_tokens_into_the_classifier_subspaces():
+    model = build_model(make_config("vit-tiny", n_lap=2)).eval()
+    randomise(model)
+    x, y = torch.randn(30, 17, 96, generator=torch.Generator().manual_seed(4)), torch.arange(30) % 10
+    views = analyze.AnovaViews(model, 10)
+    views.update(x[:12], y[:12])
+    views.update(x[12:], y[12:])
+    r = views.result()
+    full = analyze.anova(model.norm(x).detach(), y)
+    for part in ("within_seq_var", "within_class_var", "between_class_var", "total_var"):  # orthogonal subspaces add
+        assert r["classifier_rows"][part] + r["classifier_complement"][part] == pytest.approx(full[part], rel=1e-9)
+    rows = views.bases["classifier_rows"]  # (d, r): the classifier reads these coordinates and nothing else
+    W = model.head.weight.detach().double()
+    assert rows.shape == (96, 10) and torch.allclose(W @ rows @ rows.T, W, atol=1e-9)
+    plain = analyze.anova(torch.nn.functional.layer_norm(x, (96,), eps=1e-6), y)
+    assert r["norm_without_affine"]["within_seq_frac"] == pytest.approx(plain["within_seq_frac"], rel=1e-9)
+
+
+def test_spearman_trend():
+    r, p = analyze.spearman_trend([0, 0, 0, 4, 4, 4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    assert r == pytest.approx(math.sqrt(27 / 35))  # ranks 1..6 against two tied groups: r = 0.878
+    assert p == pytest.approx(2 / math.comb(6, 3), abs=0.02)  # the two extreme splits of 20
+    r, p = analyze.spearman_trend([0, 1, 2, 3, 4], [5, 4, 3, 2, 1])
+    assert r == pytest.approx(-1.0) and p < 0.03  # 2 of 120 orderings are as extreme
+    assert analyze.spearman_trend([0, 1, 2, 3], [1, 3, 2, 4])[0] == pytest.approx(0.8)
+
+
+# -----------------------------------------------------------------------------
 # the script: its imports and options
 
 
@@ -351,6 +492,10 @@ def check_outputs(out, figures):
     with open(os.path.join(out, "analysis.json")) as f:
         res = json.load(f)  # strict JSON: no NaN
     assert sorted(res["figures"]) == sorted(figures)
+    if "kind" in res:  # one run: its per-head numbers, every block and head
+        layers = res["heads"]["layers"]
+        assert [len(layer["rho"]) for layer in layers] == [res["n_head"]] * len(res["layerwise"]["layer"][:-1])
+        assert "Per-head analysis" in open(os.path.join(out, "summary.md")).read()
     return res
 
 
@@ -368,7 +513,7 @@ def result_line(out):
     return dict(kv.split("=", 1) for kv in line.split()[1:])
 
 
-VIT_FIGURES = ["collapse.png", "anova.png", "spectrum.png", "pca.png", "etf.png"]
+VIT_FIGURES = ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca.png", "etf.png"]
 
 
 @pytest.fixture
@@ -423,7 +568,14 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     assert m == {"val_acc": 0.9, "val_loss": 0.3, "within_seq (patch)": res["anova"]["within_seq_frac"],
                  "between_class (patch)": res["anova"]["between_class_frac"], "within_seq (all)": None,
                  "between_class (all)": None, "within_seq after last block": lw["within_seq_frac"][1],
-                 "nc1": res["nc"]["pooled"]["nc1"], "k_0.99": res["spectrum"]["k_0.99"]}
+                 "nc1": res["nc"]["pooled"]["nc1"], "k_0.99": res["spectrum"]["k_0.99"],
+                 "within_seq_var (last block)": lw["anova"][1]["within_seq_var"],
+                 "between_seq_var (last block)": lw["anova"][1]["total_var"] - lw["anova"][1]["within_seq_var"],
+                 "within_seq (norm without affine)": res["anova_views"]["norm_without_affine"]["within_seq_frac"],
+                 "within_seq (classifier rows)": res["anova_views"]["classifier_rows"]["within_seq_frac"],
+                 "within_seq (classifier complement)": res["anova_views"]["classifier_complement"]["within_seq_frac"],
+                 "rho of laplacian heads (mean)": sum(analyze.head_means(res["heads"])["laplacian"]) / 2,
+                 "rho of attention heads (mean)": sum(analyze.head_means(res["heads"])["attention"]) / 2}
 
 
 def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, figure_texts):
@@ -500,7 +652,7 @@ def test_end_to_end_gpt(tmp_path, capsys):
     run = make_run(tmp_path / "gpt", "gpt", n_lap=[0, 4], dataset="tiny", data_dir=data_dir, block_size=32,
                    model="gpt-tiny")  # an older option name in the saved config is ignored
     run_analyze(run, "--max_samples=40", "--batch_size=16", "--n_targets=8", f"--out={tmp_path / 'o'}")
-    res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png"])
+    res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png", "heads.png"])
     s = res["settings"]
     assert s["n_samples"] == 40 and s["seq_len"] == 32 and s["n_targets"] == 8
     a = res["anova"]
@@ -533,7 +685,7 @@ def test_end_to_end_gpt(tmp_path, capsys):
 def test_end_to_end_dino(tmp_path, fashion_dir, capsys):
     run = make_run(tmp_path / "dino", "dino", n_lap=4, dataset="fashion_mnist", data_dir=fashion_dir)
     run_analyze(run, "--max_samples=30", "--map_images=6", f"--out={tmp_path / 'o'}")
-    res = check_outputs(tmp_path / "o", ["collapse.png", "anova.png", "spectrum.png", "pca_maps.png"])
+    res = check_outputs(tmp_path / "o", ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca_maps.png"])
     assert res["settings"]["map_images"] == 6 and res["settings"]["n_samples"] == 30
     assert "nc" not in res and sum(res["anova"][k] for k in FRACS) == pytest.approx(1.0)
     assert res["final_metric"]["name"] == "knn_acc" and res["n_lap"] == 4
@@ -569,7 +721,7 @@ def test_end_to_end_image_folders(tmp_path, capsys):
     assert res["settings"]["n_samples"] == 10 and res["settings"]["normalisation"]["mean"] == images.IMAGENET_MEAN
     assert res["nc"]["pooled"]["n_classes"] == 3
     run_analyze(dino, "--max_samples=100")
-    res = check_outputs(os.path.join(dino, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "pca_maps.png"])
+    res = check_outputs(os.path.join(dino, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca_maps.png"])
     assert res["settings"]["n_samples"] == 9  # train_dino.py's eval_val images, all of them
     assert result_line(capsys.readouterr().out)["kind"] == "dino"
 
