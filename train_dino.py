@@ -45,9 +45,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import nanolap
-from nanolap import DINOHead, UsageError, ViT, print0
+from nanolap import UsageError, print0
 from data import augment, images
 
 # ---------------------------------------------------------------- defaults: the CPU default (Fashion-MNIST, 2 cores)
@@ -62,7 +63,7 @@ seed = 0  # initial weights, data order, crops and drop path all follow from it
 # data
 dataset = "fashion_mnist"  # fashion_mnist | cifar10 | cifar100 | scenes | synthetic | imagefolder (data_dir/train, /val)
 data_dir = "data"  # where the datasets live (downloads go here)
-train_limit = 0  # train on a fixed random subset of this many train images, for quick experiments; 0 = all
+train_subset = 0  # train on a fixed random subset of this many train images, for quick experiments; 0 = all
 num_workers = 8  # imagefolder: decoding processes; about the CPU cores per GPU
 imagefolder_base = 256  # imagefolder: images are resized to this square first, the canvas the crops are cut from
 # model: the preset, then these overrides (None = the preset's value)
@@ -104,7 +105,7 @@ min_lr = 1e-6  # learning rate at the end of the cosine
 warmup_epochs = 0.05  # linear learning-rate warm-up (DINO: 10 of 100 epochs)
 weight_decay = 0.04  # weight decay at step 0, cosine to weight_decay_end (DINO)
 weight_decay_end = 0.4  # weight decay at the end (DINO)
-clip_grad = 3.0  # clip each parameter's gradient norm to this (DINO); 0 = off
+grad_clip = 3.0  # clip each parameter's gradient norm to this (DINO's clip_grad); 0 = off
 freeze_last_layer = 0.0  # epochs in which the head's last layer is not updated (DINO: 1); short runs lose more than gain
 # system
 device = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps
@@ -157,14 +158,6 @@ def ema_update(teacher, student, momentum):
     torch._foreach_mul_(t_params, momentum)
     torch._foreach_add_(t_params, s_params, alpha=1 - momentum)
 
-def cosine_schedule(step, total, start, end, warmup=0, warmup_start=0.0):
-    """DINO's schedule: linear from warmup_start to start over `warmup` steps, then a half cosine to `end`
-    (start == end: a linear warm-up, then constant, as the teacher temperature)."""
-    if step < warmup:
-        return warmup_start + (start - warmup_start) * step / warmup
-    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-    return end + 0.5 * (start - end) * (1 + math.cos(math.pi * progress))
-
 def param_groups(model):
     """DINO: weight decay on weights, none on biases and 1-d parameters (norms, LayerScale)."""
     decay, no_decay = [], []
@@ -204,7 +197,7 @@ def batch_indices(n, batch_size, step, seed, rank=0, world=1):
 
 def epoch_batches(x_train, subset, n, batch_size, step, seed, rank, world, num_workers=0, pin_memory=False):
     """This process's uint8 image batches from `step` to the end of its epoch: indexed from a tensor, or
-    decoded by DataLoader workers from an ImageFolder. subset: the train_limit images (None = all)."""
+    decoded by DataLoader workers from an ImageFolder. subset: the train_subset images (None = all)."""
     last = (step // (n // batch_size) + 1) * (n // batch_size)
     idx = (batch_indices(n, batch_size, s, seed, rank, world) for s in range(step, last))
     idx = (i if subset is None else subset[i] for i in idx)
@@ -270,7 +263,7 @@ def train_linear(feats, labels, num_classes, steps, seed, batch_size=256, lr=3e-
     batches = (idx for _ in itertools.count() for idx in torch.randperm(len(feats), generator=g).split(batch_size))
     for step, idx in zip(range(steps), batches):  # epochs of shuffled batches
         for group in opt.param_groups:
-            group["lr"] = cosine_schedule(step, steps, lr, 0.0)
+            group["lr"] = nanolap.cosine_schedule(step, steps, lr, 0.0)
         loss = F.cross_entropy(clf((feats[idx] - mean) / std), labels[idx], ignore_index=ignore_index)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -307,10 +300,16 @@ def segmentation_miou(train_f, train_m, val_f, val_m, num_classes, steps, seed=0
     pred = F.interpolate(logits, size=val_m.shape[-2:], mode="bilinear", align_corners=False).argmax(dim=1)
     return miou(pred.flatten(), val_m.flatten(), num_classes)
 
+def pixel_patches(x_uint8, mean, std, device, patch):
+    """The normalised pixels of each patch, (N, h, w, C * patch * patch): the segmentation probe's baseline."""
+    pixels = extract_features(None, x_uint8, mean, std, device, "pixels").view(x_uint8.shape)
+    return F.pixel_unshuffle(pixels, patch).permute(0, 2, 3, 1)
+
 def evaluate_final(backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks, probe_steps, seed, device,
                    ctx=nullcontext()):
     """Linear and segmentation probes and their raw-pixel baselines (seg_sets None: no segmentation)."""
-    t0, res = time.time(), {}
+    t0 = time.time()
+    res = {}
     (xt, yt), (xv, yv) = eval_sets
     blocks = min(linear_blocks, backbone.config.n_layer)
     for key, model, kind in (("linear_acc", backbone, "cls"), ("linear_acc_pixels", None, "pixels")):
@@ -321,12 +320,12 @@ def evaluate_final(backbone, eval_sets, seg_sets, mean, std, num_classes, linear
     if seg_sets is not None:
         t0 = time.time()
         (st, mt, classes), (sv, mv, _) = seg_sets
-        K, P = len(classes), backbone.config.patch_size
+        K = len(classes)
+        patch = backbone.config.patch_size
         ft, fv = (extract_features(backbone, x, mean, std, device, "patch", ctx=ctx) for x in (st, sv))
         res["seg_miou"] = segmentation_miou(ft, mt, fv, mv, K, probe_steps, seed)
-        to_patches = lambda x: F.pixel_unshuffle(extract_features(None, x, mean, std, device, "pixels")
-                                                 .view(x.shape), P).permute(0, 2, 3, 1)  # baseline: raw pixels per patch
-        res["seg_miou_pixels"] = segmentation_miou(to_patches(st), mt, to_patches(sv), mv, K, probe_steps, seed)
+        pt, pv = (pixel_patches(x, mean, std, device, patch) for x in (st, sv))  # the baseline: raw pixels per patch
+        res["seg_miou_pixels"] = segmentation_miou(pt, mt, pv, mv, K, probe_steps, seed)
         print0(f"segmentation probe ({K} classes, {len(st)} train / {len(sv)} val images of {st.shape[-1]}px): "
                f"mIoU {res['seg_miou']:.4f} (raw pixels {res['seg_miou_pixels']:.4f}) | {time.time() - t0:.1f}s")
     return res
@@ -343,22 +342,14 @@ if __name__ == "__main__":
             raise UsageError(f"--{key}={lo_hi}: expected [low, high] with 0 <= low <= high" + " <= 1" * (top == 1))
     if len(jitter) != 4 or min(jitter) < 0 or jitter[3] > 0.5:
         raise UsageError(f"--jitter={jitter}: expected [brightness, contrast, saturation, hue] >= 0, hue <= 0.5")
-    for key in ("epochs", "batch_size", "lr", "student_temp", "teacher_temp", "warmup_teacher_temp", "out_dim",
-                "head_hidden", "head_bottleneck", "global_size", "local_size", "eval_interval", "log_interval",
-                "knn_k", "knn_temp", "probe_steps", "linear_blocks", "cpu_procs"):
-        if not config[key] > 0:
-            raise UsageError(f"--{key}={config[key]} must be positive")
-    for key in ("momentum_teacher", "center_momentum", "jitter_p", "grayscale_p", "solarize_p"):
-        if not 0 <= config[key] <= 1:
-            raise UsageError(f"--{key}={config[key]} must lie in [0, 1]")
-    for key in ("local_crops", "train_limit", "eval_train", "eval_val", "seg_train", "seg_val", "warmup_epochs",
-                "freeze_last_layer", "weight_decay", "weight_decay_end", "clip_grad", "min_lr", "stop_at_step"):
-        if config[key] < 0:
-            raise UsageError(f"--{key}={config[key]} must not be negative")
-    if dataset not in images.DATASETS + ("imagefolder",):
-        raise UsageError(f"unknown dataset {dataset!r}; choose one of {images.DATASETS + ('imagefolder',)}")
-    if seg_dataset not in ("scenes", "pets", "none"):
-        raise UsageError(f"--seg_dataset={seg_dataset!r}: choose scenes, pets or none")
+    nanolap.check_options(config, at_least={
+        1: ("batch_size", "out_dim", "head_hidden", "head_bottleneck", "global_size", "local_size", "eval_interval",
+            "log_interval", "knn_k", "probe_steps", "linear_blocks", "cpu_procs"),
+        0: ("local_crops", "train_subset", "eval_train", "eval_val", "seg_train", "seg_val", "warmup_epochs",
+            "freeze_last_layer", "weight_decay", "weight_decay_end", "grad_clip", "min_lr", "stop_at_step")},
+        above_zero=("epochs", "lr", "student_temp", "teacher_temp", "warmup_teacher_temp", "knn_temp"),
+        fractions=("momentum_teacher", "center_momentum", "jitter_p", "grayscale_p", "solarize_p"),
+        choices=dict(dataset=images.DATASETS + ("imagefolder",), seg_dataset=("scenes", "pets", "none")))
     if resume and eval_only:
         raise UsageError("--resume and --eval_only exclude each other")
     ctx, amp_dtype = nanolap.autocast(nanolap.resolve_device(device), dtype)  # checks --device and --dtype too
@@ -370,9 +361,7 @@ if __name__ == "__main__":
         procs = int(os.environ.get("WORLD_SIZE", cpu_procs if nanolap.resolve_device(device) == "cpu" else 1))
         if batch_size % procs:
             raise UsageError(f"--batch_size={batch_size} is not divisible by the {procs} processes")
-        if ckpt is not None and ckpt.get("kind") != "dino":
-            raise UsageError(f"--resume: {out_dir}/ckpt.pt holds a {ckpt.get('kind')} run, not a DINO one")
-        if ckpt is not None and len(ckpt["rng"]) != procs:  # each process's random state is saved, and needed
+        if ckpt is not None and ckpt.get("kind") == "dino" and len(ckpt["rng"]) != procs:  # each one's RNG is saved
             raise UsageError(f"--resume: {out_dir}/ckpt.pt was written by {len(ckpt['rng'])} process(es), this run has "
                              f"{procs}; resume with as many (--cpu_procs=N on a CPU, or torchrun --nproc_per_node=N)")
 
@@ -386,8 +375,10 @@ if __name__ == "__main__":
         trained = {**config, **ckpt.get("config", {})}  # the data it was trained on
         data = (images.imagefolder_squares(trained["data_dir"], trained["imagefolder_base"])
                 if trained["dataset"] == "imagefolder" else images.load_images(trained["dataset"], trained["data_dir"]))
-        size, mean, std, K = backbone.config.img_size, data["mean"], data["std"], data["num_classes"]
-        eval_sets = [images.load_eval_images(data, s, n, size, num_workers) for s, n in (("train", eval_train),
+        mean = data["mean"]
+        std = data["std"]
+        K = data["num_classes"]
+        eval_sets = [images.load_eval_images(data, s, n, backbone.config.img_size, num_workers) for s, n in (("train", eval_train),
                                                                                           ("val", eval_val))]
         seg_sets = None if seg_dataset == "none" else [
             images.load_segmentation(seg_dataset, trained["data_dir"], s, n, seg_size, backbone.config.in_chans)
@@ -404,7 +395,11 @@ if __name__ == "__main__":
         nanolap.prepare_out_dir(out_dir, resume)
     nanolap.launch_cpu_processes(cpu_procs, device)
     rank, local_rank, world, device = nanolap.setup_distributed(device)
-    master, device_type = rank == 0, device.split(":")[0]
+    master = rank == 0
+    device_type = device.split(":")[0]
+    if device_type == "cuda":  # float32 matmuls in TF32 (bfloat16 autocast covers most of them anyway)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     torch.manual_seed(seed)  # the same initial weights in every process
 
@@ -412,8 +407,8 @@ if __name__ == "__main__":
     data = (images.imagefolder_squares(data_dir, imagefolder_base) if dataset == "imagefolder"
             else images.load_images(dataset, data_dir))  # uint8 tensors in memory, or ImageFolders read lazily
     x_train = data["train"] if dataset == "imagefolder" else data["train"][0]
-    n_train = min(len(x_train), train_limit) if train_limit else len(x_train)
-    subset = images.eval_indices(len(x_train), train_limit) if train_limit else None
+    n_train = min(len(x_train), train_subset) if train_subset else len(x_train)
+    subset = images.fixed_subset(len(x_train), train_subset) if train_subset else None
     if batch_size > n_train:
         raise UsageError(f"--batch_size={batch_size} is larger than the {n_train} training images")
     in_chans = 3 if dataset == "imagefolder" else x_train.shape[1]
@@ -426,14 +421,18 @@ if __name__ == "__main__":
     seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, seg_size, in_chans)  # now: fail before training
                 for s, n in (("train", seg_train), ("val", seg_val))] if master and seg_dataset != "none" else None
     multicrop = augment.MultiCrop(config, in_chans, data["mean"], data["std"])
-    mean, std, num_classes = data["mean"], data["std"], data["num_classes"]
+    mean = data["mean"]
+    std = data["std"]
+    num_classes = data["num_classes"]
 
     # ---- student and teacher: the same ViT + DINO head; the teacher has no drop path and learns only by EMA
     s_cfg = nanolap.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0)
     t_cfg = nanolap.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0,
                                         drop_path=0.0)
-    make_head = lambda cfg: DINOHead(cfg.n_embd, out_dim, head_hidden, head_bottleneck, norm_last_layer=norm_last_layer)
-    student, teacher = DINO(ViT(s_cfg), make_head(s_cfg)).to(device), DINO(ViT(t_cfg), make_head(t_cfg)).to(device)
+    student = DINO(nanolap.ViT(s_cfg), nanolap.DINOHead(s_cfg.n_embd, out_dim, head_hidden, head_bottleneck,
+                                                         norm_last_layer=norm_last_layer)).to(device)
+    teacher = DINO(nanolap.ViT(t_cfg), nanolap.DINOHead(t_cfg.n_embd, out_dim, head_hidden, head_bottleneck,
+                                                         norm_last_layer=norm_last_layer)).to(device)
     teacher.load_state_dict(student.state_dict())  # the same start
     teacher.requires_grad_(False).eval()
     center = torch.zeros(1, out_dim, device=device)
@@ -444,30 +443,42 @@ if __name__ == "__main__":
     # ---- optimiser (and the state of a resumed run)
     optimizer = torch.optim.AdamW(param_groups(student), lr=0.0, fused=device_type in ("cuda", "cpu"))
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    ckpt_path, log_path, start_step, knn_init = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl"), 0, None
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    log_path = os.path.join(out_dir, "log.jsonl")
+    start_step = 0
+    knn_init = None
     if ckpt is not None:
+        nanolap.check_resume(ckpt, "dino", t_cfg)
         student.load_state_dict(nanolap.clean_state_dict(ckpt["student"]))
         teacher.load_state_dict(nanolap.clean_state_dict(ckpt["teacher"]))
         center = ckpt["center"].to(device)
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
-        start_step, knn_init = ckpt["step"], ckpt.get("knn_acc_init")
+        start_step = ckpt["step"]
+        knn_init = ckpt.get("knn_acc_init")
         nanolap.set_rng_state(ckpt["rng"][rank])
         print0(f"resumed from {ckpt_path} at step {start_step}")
     end_step = stop_at_step if start_step < stop_at_step < total_steps else total_steps  # a resume runs past its stop
-    train_student = student if world == 1 else nn.parallel.DistributedDataParallel(
-        student, device_ids=[local_rank] if device_type == "cuda" else None)
-    if compile_model:
-        student.backbone.compile()
-        teacher.backbone.compile()
+    if compile_model:  # the backbones: the DINO wrapper concatenates crops of several sizes
+        student.backbone = torch.compile(student.backbone)
+        teacher.backbone = torch.compile(teacher.backbone)
+    train_student = DDP(student, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else student
     lr_peak = lr * batch_size / 256  # DINO's linear scaling rule
-    warmup_steps, temp_warmup_steps = round(warmup_epochs * steps_per_epoch), round(warmup_teacher_temp_epochs * steps_per_epoch)
+    warmup_steps = round(warmup_epochs * steps_per_epoch)
+    temp_warmup_steps = round(warmup_teacher_temp_epochs * steps_per_epoch)
 
     # ---- training loop
     pixels_knn = knn_eval(None, eval_sets, mean, std, num_classes, knn_k, knn_temp, device) if master else None
     t_start = t_last = time.time()
-    step, images_seen, loss_sum, n_loss, batches = start_step, 0, 0.0, 0, None
-    knn_acc, t_std, t_ent, last_loss = None, float("nan"), float("nan"), float("nan")
+    step = start_step
+    batches = None
+    images_seen = 0  # the log window: since the last progress line
+    loss_sum = 0.0
+    n_loss = 0
+    knn_acc = None
+    t_std = float("nan")  # the teacher's output statistics, measured at each progress line
+    t_ent = float("nan")
+    last_loss = float("nan")
     while True:
         if (step % eval_interval == 0 or step == end_step) and not (ckpt is not None and step == start_step):
             t0 = time.time()
@@ -483,8 +494,9 @@ if __name__ == "__main__":
                 dist.all_gather_object(rngs, nanolap.rng_state())
             if master:
                 nanolap.save_checkpoint(dict(  # the contract analyze.py reads: kind, model_config, model, config
-                    kind="dino", model_config=asdict(t_cfg), model=teacher.backbone.state_dict(), config=config,
-                    student=student.state_dict(), teacher=teacher.state_dict(), center=center.cpu(), step=step,
+                    kind="dino", model_config=asdict(t_cfg), model=nanolap.clean_state_dict(teacher.backbone.state_dict()),
+                    config=config, student=nanolap.clean_state_dict(student.state_dict()),
+                    teacher=nanolap.clean_state_dict(teacher.state_dict()), center=center.cpu(), step=step,
                     optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=step / steps_per_epoch,
                     rng=rngs, knn_acc_init=knn_init), ckpt_path)
             t_last += time.time() - t0  # evaluation time does not count against img/s
@@ -492,10 +504,11 @@ if __name__ == "__main__":
             break
 
         epoch = step // steps_per_epoch  # schedules: functions of the step
-        lr_step = cosine_schedule(step, total_steps, lr_peak, min_lr, warmup_steps)
-        wd_step = cosine_schedule(step, total_steps, weight_decay, weight_decay_end)
-        momentum = cosine_schedule(step, total_steps, momentum_teacher, 1.0)
-        t_temp = cosine_schedule(step, total_steps, teacher_temp, teacher_temp, temp_warmup_steps, warmup_teacher_temp)
+        lr_step = nanolap.cosine_schedule(step, total_steps, lr_peak, min_lr, warmup_steps)
+        wd_step = nanolap.cosine_schedule(step, total_steps, weight_decay, weight_decay_end)
+        momentum = nanolap.cosine_schedule(step, total_steps, momentum_teacher, 1.0)
+        t_temp = nanolap.cosine_schedule(step, total_steps, teacher_temp, teacher_temp, temp_warmup_steps,
+                                         warmup_teacher_temp)
         optimizer.param_groups[0].update(lr=lr_step, weight_decay=wd_step)  # weights
         optimizer.param_groups[1].update(lr=lr_step)  # biases and norms: no weight decay
         if batches is None or step % steps_per_epoch == 0:
@@ -513,8 +526,8 @@ if __name__ == "__main__":
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
-        if clip_grad:
-            clip_gradients(student, clip_grad)
+        if grad_clip:
+            clip_gradients(student, grad_clip)
         cancel_last_layer_grads(student.head, epoch, freeze_last_layer)
         scaler.step(optimizer)
         scaler.update()
@@ -523,8 +536,11 @@ if __name__ == "__main__":
             t_std, t_ent = teacher_stats(teacher_out, center, t_temp)
         center = update_center(center, teacher_out, center_momentum, device)
 
-        step, images_seen, last_loss = step + 1, images_seen + batch_size, loss.item()
-        loss_sum, n_loss = loss_sum + last_loss, n_loss + 1
+        step += 1
+        last_loss = loss.item()
+        images_seen += batch_size
+        loss_sum += last_loss
+        n_loss += 1
         if step % log_interval == 0 or step == end_step:
             ips = images_seen / max(time.time() - t_last, 1e-9)
             print0(f"step {step}/{total_steps} | ep {step / steps_per_epoch:.2f} | loss {loss_sum / n_loss:.4f} | "
@@ -536,12 +552,16 @@ if __name__ == "__main__":
                        f"{collapse_std}): DINO may be collapsing. t_ent near 0: one prototype for every image (centre more: "
                        f"center_momentum < 1, higher teacher_temp); near 1: a uniform teacher (lower teacher_temp). "
                        f"A lower lr or a higher momentum_teacher also help.")
-            t_last, images_seen, loss_sum, n_loss = time.time(), 0, 0.0, 0
+            t_last = time.time()
+            images_seen = 0
+            loss_sum = 0.0
+            n_loss = 0
 
     # ---- final probes and the RESULT line
     if world > 1:
         nanolap.print_param_checksum([*student.parameters(), *teacher.parameters()], rank, world)
-    if end_step < total_steps:
+    stopped = end_step < total_steps  # by --stop_at_step
+    if stopped:
         print0(f"stopped at step {end_step} of {total_steps} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
         res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn, **evaluate_final(

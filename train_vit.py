@@ -19,8 +19,6 @@ On a CPU without torchrun, cpu_procs single-threaded processes train data-parall
 batch_size * cpu_procs.
 """
 
-import json
-import math
 import os
 import time
 from contextlib import nullcontext
@@ -28,12 +26,11 @@ from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+import nanolap
+from nanolap import UsageError, print0
 from data import augment, images
-from nanolap import (PRESETS, UsageError, all_reduce_mean, append_jsonl, autocast, build_model, check_finite,
-                     config_from_options, configure, finished_run, format_time, launch_cpu_processes, peak_flops,
-                     prepare_out_dir, print0, print_param_checksum, resolve_device, rng_state, save_checkpoint,
-                     set_rng_state, setup_distributed, step_seed, teardown_distributed, write_result)
 
 # ----------------------------------------------------------------------------- defaults
 # I/O
@@ -76,7 +73,7 @@ cutmix = 0.0  # cutmix alpha (DeiT-III: 1.0); with both on, each batch uses one 
 label_smoothing = 0.1  # soften the targets: a confident ViT generalises worse
 bce_loss = False  # DeiT-III: binary cross-entropy per class, on the same (mixed, smoothed) targets
 # optimisation
-optimizer = "adamw"  # adamw | lamb (LAMB's per-layer trust ratio is for very large batches)
+optimizer_name = "adamw"  # adamw | lamb (LAMB's per-layer trust ratio is for very large batches)
 epochs = 18  # the cosine schedule spans them all; fixed on --resume (use --stop_at_step to stop early)
 batch_size = 128  # per process and micro-step; global batch = batch_size * grad_accum * processes
 grad_accum = 1  # micro-steps per optimizer step: a large global batch on few devices
@@ -149,7 +146,8 @@ class Lamb(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
-            (beta1, beta2), wd = group["betas"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            wd = group["weight_decay"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -157,7 +155,9 @@ class Lamb(torch.optim.Optimizer):
                 if not state:
                     state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 state["step"] += 1
-                t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                t = state["step"]
+                m = state["exp_avg"]
+                v = state["exp_avg_sq"]
                 m.lerp_(p.grad, 1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
                 update = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + group["eps"])
@@ -184,14 +184,6 @@ def make_optimizer(model, name, lr, weight_decay, betas, device):
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=torch.device(device).type in ("cuda", "cpu"))
 
 
-def get_lr(step, lr, min_lr, warmup_steps, max_steps):
-    """Linear warmup from 0 to lr over warmup_steps, then cosine decay to min_lr at max_steps."""
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
-
-
 def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_accum, rank, world, seed, device,
                   num_workers=0):
     """This process's micro-batches (uint8 images, labels) on the device from step first_step of the epoch on.
@@ -199,8 +191,9 @@ def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_acc
     The epoch's order is one permutation seeded by (seed, epoch); global batch s is cut into grad_accum * world
     chunks of batch_size, and chunk micro * world + rank belongs to this process's micro-step `micro`."""
     in_memory = isinstance(data, tuple)
-    n, global_batch = len(data[1]) if in_memory else len(data), batch_size * grad_accum * world
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(step_seed(seed, epoch)))
+    n = len(data[1]) if in_memory else len(data)
+    global_batch = batch_size * grad_accum * world
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(nanolap.step_seed(seed, epoch)))
     chunks = [perm[s * global_batch + (m * world + rank) * batch_size:][:batch_size]
               for s in range(first_step, steps_per_epoch) for m in range(grad_accum)]
     if in_memory:
@@ -208,7 +201,7 @@ def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_acc
             idx = idx.to(device)
             yield data[0][idx], data[1][idx]
         return
-    worker_seed = torch.Generator().manual_seed(step_seed(seed, epoch, first_step, rank))
+    worker_seed = torch.Generator().manual_seed(nanolap.step_seed(seed, epoch, first_step, rank))
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, sampler=torch.cat(chunks).tolist(),
                                          generator=worker_seed, num_workers=num_workers,
                                          pin_memory=str(device).startswith("cuda"))
@@ -232,53 +225,47 @@ def val_batches(data, batch_size, rank, world, device, num_workers=0):
 
 
 @torch.no_grad()
-def evaluate(model, batches, img_size, mean, std, amp_context=nullcontext(), world=1):
+def evaluate(model, batches, img_size, mean, std, ctx=nullcontext(), world=1):
     """(accuracy, mean cross-entropy) of the model on the validation batches of every process."""
     model.eval()
     device = mean.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     for x, y in batches:
-        with amp_context:
+        with ctx:
             logits = model((augment.to_unit(x, img_size) - mean) / std).float()
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(-1) == y).sum(),
                              torch.tensor(len(y), device=device)]).double()
     model.train()
-    sums = all_reduce_mean(sums, device) * world
+    sums = nanolap.all_reduce_mean(sums, device) * world
     return (sums[1] / sums[2]).item(), (sums[0] / sums[2]).item()
 
 # ----------------------------------------------------------------------------- run
 
 if __name__ == "__main__":
-    config, ckpt = configure(globals(), schedule=("epochs", "warmup_epochs"))
+    config, ckpt = nanolap.configure(globals(), schedule=("epochs", "warmup_epochs"))
     t_start = time.time()
-    for key in ("epochs", "batch_size", "grad_accum", "log_interval"):
-        if globals()[key] < 1:
-            raise UsageError(f"--{key}={globals()[key]}: must be at least 1")
-    if optimizer not in ("adamw", "lamb"):
-        raise UsageError(f"unknown optimizer {optimizer!r}; choose adamw or lamb")
-    if not 0 <= random_erasing <= 1:
-        raise UsageError(f"--random_erasing={random_erasing}: a probability, between 0 and 1")
-    for key in ("train_subset", "val_subset", "img_size", "crop_padding", "rand_augment", "ckpt_interval",
-                "stop_at_step", "num_workers", "cpu_threads"):
-        if globals()[key] < 0:
-            raise UsageError(f"--{key}={globals()[key]}: must be at least 0")
-    if dataset not in images.DATASETS + ("imagefolder",):
-        raise UsageError(f"unknown dataset {dataset!r}; choose one of {images.DATASETS + ('imagefolder',)}")
+    nanolap.check_options(config, at_least={
+        1: ("epochs", "batch_size", "grad_accum", "log_interval"),
+        0: ("train_subset", "val_subset", "img_size", "crop_padding", "rand_augment", "ckpt_interval", "stop_at_step",
+            "num_workers", "cpu_threads")},
+        fractions=("random_erasing",),
+        choices=dict(optimizer_name=("adamw", "lamb"), dataset=images.DATASETS + ("imagefolder",)))
 
-    amp_context, amp_dtype = autocast(resolve_device(device), dtype)  # checks --device and --dtype
+    ctx, amp_dtype = nanolap.autocast(nanolap.resolve_device(device), dtype)  # checks --device and --dtype
     # the model options (n_lap <= n_head, ...) before out_dir and the data; the image size once the data are read
-    patch = patch_size if isinstance(patch_size, int) else PRESETS.get(preset, {}).get("patch_size", 1)
-    config_from_options(config, "vit", img_size=img_size or max(patch, 1))
+    patch = patch_size if isinstance(patch_size, int) else nanolap.PRESETS.get(preset, {}).get("patch_size", 1)
+    nanolap.config_from_options(config, "vit", img_size=img_size or max(patch, 1))
     if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
-        finished_run(config, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs", 2 * epochs)
+        nanolap.finished_run(config, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs", 2 * epochs)
     if os.environ.get("RANK", "0") == "0":  # before any process starts: a bad out_dir fails once, in one line
-        prepare_out_dir(out_dir, resume)
-    launch_cpu_processes(cpu_procs, device)
-    rank, local_rank, world, device = setup_distributed(device)
-    master, device_type = rank == 0, device.split(":")[0]
+        nanolap.prepare_out_dir(out_dir, resume)
+    nanolap.launch_cpu_processes(cpu_procs, device)
+    rank, local_rank, world, device = nanolap.setup_distributed(device)
+    master = rank == 0
+    device_type = device.split(":")[0]
     if device_type == "cpu" and cpu_threads:
         torch.set_num_threads(cpu_threads)
-    if device_type == "cuda":
+    if device_type == "cuda":  # float32 matmuls in TF32 (bfloat16 autocast covers most of them anyway)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
@@ -288,19 +275,26 @@ if __name__ == "__main__":
         train_set, val_set = images.imagefolder_datasets(data_dir, img_size, hflip, rand_augment, rand_magnitude,
                                                          simple_random_crop)
         # --train_subset/--val_subset: a fixed random subset (the folders are sorted by class)
-        subset = lambda ds, n: torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))[:n or len(ds)]
-        train_data = torch.utils.data.Subset(train_set, subset(train_set, train_subset).tolist())
-        val_data = torch.utils.data.Subset(val_set, subset(val_set, val_subset).tolist())
-        n_train, n_val = len(train_data), len(val_data)
-        classes, in_chans, mean, std = train_set.classes, 3, images.IMAGENET_MEAN, images.IMAGENET_STD
+        train_data = torch.utils.data.Subset(train_set, images.fixed_subset(len(train_set), train_subset).tolist())
+        val_data = torch.utils.data.Subset(val_set, images.fixed_subset(len(val_set), val_subset).tolist())
+        n_train = len(train_data)
+        n_val = len(val_data)
+        classes = train_set.classes
+        in_chans = 3
+        mean = images.IMAGENET_MEAN
+        std = images.IMAGENET_STD
     else:
         data = images.load_images(dataset, data_dir)
         (train_x, train_y), (val_x, val_y) = data["train"], data["val"]
         train_data = (train_x[:train_subset or None].to(device), train_y[:train_subset or None].to(device))
         val_data = (val_x[:val_subset or None].to(device), val_y[:val_subset or None].to(device))
-        n_train, n_val = len(train_data[1]), len(val_data[1])
+        n_train = len(train_data[1])
+        n_val = len(val_data[1])
         img_size = img_size or train_x.shape[-1]
-        classes, in_chans, mean, std = data["classes"], train_x.shape[1], data["mean"], data["std"]
+        classes = data["classes"]
+        in_chans = train_x.shape[1]
+        mean = data["mean"]
+        std = data["std"]
     num_classes = len(classes)
     mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
     std = torch.tensor(std, device=device).view(1, -1, 1, 1)
@@ -313,34 +307,37 @@ if __name__ == "__main__":
     warmup_steps = round(warmup_epochs * steps_per_epoch)
 
     # ---- model and optimiser
-    model_config = config_from_options(config, "vit", img_size=img_size, in_chans=in_chans, num_classes=num_classes)
+    model_config = nanolap.config_from_options(config, "vit", img_size=img_size, in_chans=in_chans,
+                                              num_classes=num_classes)
     torch.manual_seed(seed)  # the same initial weights in every process
-    raw_model = build_model(model_config).to(device)
-    opt = make_optimizer(raw_model, optimizer, lr, weight_decay, (beta1, beta2), device)
+    raw_model = nanolap.build_model(model_config).to(device)
+    optimizer = make_optimizer(raw_model, optimizer_name, lr, weight_decay, (beta1, beta2), device)
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    step, best_acc, val_acc, val_loss = 0, 0.0, float("nan"), float("nan")
+    step = 0
+    best_acc = 0.0
+    val_acc = float("nan")
+    val_loss = float("nan")
     if ckpt is not None:
-        if ckpt.get("kind") != "vit" or ckpt["model_config"] != asdict(model_config):
-            raise UsageError(f"--resume: {out_dir}/ckpt.pt holds a different model; do not change model options "
-                             f"on resume, or use a new --out_dir")
+        nanolap.check_resume(ckpt, "vit", model_config)
         if ckpt["steps_per_epoch"] != steps_per_epoch:
             raise UsageError(f"--resume: the checkpoint has {ckpt['steps_per_epoch']} steps per epoch, this run "
                              f"{steps_per_epoch}; keep the global batch and the dataset the same")
         raw_model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
-        step, best_acc, val_acc, val_loss = ckpt["step"], ckpt["best_val_acc"], ckpt["val_acc"], ckpt["val_loss"]
-        set_rng_state(ckpt["rng"])
+        step = ckpt["step"]
+        best_acc = ckpt["best_val_acc"]
+        val_acc = ckpt["val_acc"]
+        val_loss = ckpt["val_loss"]
+        nanolap.set_rng_state(ckpt["rng"])
     model = torch.compile(raw_model) if compile_model else raw_model
-    train_model = model
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+    train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else model
     mixer = augment.make_mixer(mixup, cutmix, num_classes)
     tokens = model_config.img_size ** 2 // model_config.patch_size ** 2 + 1
-    flops_per_img, peak = raw_model.flops_per_token(tokens) * tokens, peak_flops(device)
+    flops_per_img = raw_model.flops_per_token(tokens) * tokens
+    peak = nanolap.peak_flops(device)
 
-    print0(f"config: {json.dumps(config)}")
+    print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{img_size}x{img_size}, "
            f"{num_classes} classes, on {device}, {world} process{'es' if world > 1 else ''}")
     print0(f"model: {preset} {model_config.n_layer} layers, d {model_config.n_embd}, {model_config.n_head} heads, "
@@ -348,24 +345,31 @@ if __name__ == "__main__":
            f"{model_config.lap_schedule()}, {raw_model.num_params():,} params")
     print0(f"schedule: global batch {global_batch} = {batch_size} x {grad_accum} accum x {world} process(es), "
            f"{steps_per_epoch} steps/epoch, {epochs} epochs = {max_steps} steps, warmup {warmup_steps}, "
-           f"{optimizer} lr {lr:g}" + (f"; resuming at step {step}" if ckpt else ""))
+           f"{optimizer_name} lr {lr:g}" + (f"; resuming at step {step}" if ckpt else ""))
 
     # ---- training loop
     raw_model.train()
-    batches, stopped = None, False
-    t_log, data_time, loss_sum, img_count, steps_in_log = time.time(), 0.0, 0.0, 0, 0
-    speeds, waits, data_events = [], [], []
+    batches = None
+    stopped = False
+    t_log = time.time()  # the log window: since the last progress line
+    data_time = 0.0
+    loss_sum = 0.0
+    img_count = 0
+    steps_in_log = 0
+    speeds = []  # img/s of each log window
+    waits = []  # fraction of each log window spent on data
+    data_events = []  # CUDA events around data work, read at the next progress line
     while step < max_steps:
         epoch, step_in_epoch = divmod(step, steps_per_epoch)
         if batches is None:
             batches = train_batches(train_data, epoch, step_in_epoch, steps_per_epoch, batch_size, grad_accum,
                                     rank, world, seed, device, num_workers)
-        lr_now = get_lr(step, lr, min_lr, warmup_steps, max_steps)
-        for group in opt.param_groups:
+        lr_now = nanolap.cosine_schedule(step, max_steps, lr, min_lr, warmup_steps, warmup_from=1)
+        for group in optimizer.param_groups:
             group["lr"] = lr_now
         loss_accum = torch.zeros((), device=device)
         for micro in range(grad_accum):
-            torch.manual_seed(step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
+            torch.manual_seed(nanolap.step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
             # data time: on a CPU the wall time of loading + augmenting; on a GPU the time blocked on the
             # DataLoader plus the GPU time of the gather/augmentation kernels (CUDA events, no extra sync)
             t0 = time.time()
@@ -383,21 +387,23 @@ if __name__ == "__main__":
                 data_time += time.time() - t0
             sync = micro == grad_accum - 1  # DDP averages gradients only on the last micro-step
             with (train_model.no_sync() if world > 1 and not sync else nullcontext()):
-                with amp_context:
+                with ctx:
                     logits = train_model(x)  # (B, num_classes)
                 loss = compute_loss(logits, y, label_smoothing, bce_loss) / grad_accum
                 scaler.scale(loss).backward()
             loss_accum += loss.detach()
-        loss_value = all_reduce_mean(loss_accum, device)  # every process sees the same value and stops together
-        check_finite(loss_value, step)
+        loss_value = nanolap.all_reduce_mean(loss_accum, device)  # every process sees the same value and stops together
+        nanolap.check_finite(loss_value, step)
         if grad_clip:
-            scaler.unscale_(opt)
+            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
-        scaler.step(opt)
+        scaler.step(optimizer)
         scaler.update()
-        opt.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         step += 1
-        loss_sum, img_count, steps_in_log = loss_sum + loss_value, img_count + global_batch, steps_in_log + 1
+        loss_sum += loss_value
+        img_count += global_batch
+        steps_in_log += 1
 
         if step % log_interval == 0 or step == max_steps:
             dt = time.time() - t_log  # the loss .item() above has synchronised the GPU
@@ -408,38 +414,44 @@ if __name__ == "__main__":
             eta = (max_steps - step) * dt / steps_in_log
             mfu = f" | mfu {flops_per_img * speeds[-1] / (peak * world):.1%}" if peak else ""
             print0(f"epoch {epoch + 1}/{epochs} step {step}/{max_steps} | loss {loss_sum / steps_in_log:.4f} | "
-                   f"lr {lr_now:.2e} | {speeds[-1]:.0f} img/s | data {waits[-1]:.1%}{mfu} | eta {format_time(eta)}")
-            t_log, data_time, loss_sum, img_count, steps_in_log = time.time(), 0.0, 0.0, 0, 0
+                   f"lr {lr_now:.2e} | {speeds[-1]:.0f} img/s | data {waits[-1]:.1%}{mfu} | eta {nanolap.format_time(eta)}")
+            t_log = time.time()
+            data_time = 0.0
+            loss_sum = 0.0
+            img_count = 0
+            steps_in_log = 0
         epoch_end = step % steps_per_epoch == 0
         if epoch_end:
-            batches, t0 = None, time.time()
+            batches = None
+            t0 = time.time()
             val_acc, val_loss = evaluate(model, val_batches(val_data, 4 * batch_size, rank, world, device, num_workers),
-                                         img_size, mean, std, amp_context, world)
+                                         img_size, mean, std, ctx, world)
             best_acc = max(best_acc, val_acc)
             print0(f"eval epoch {step // steps_per_epoch}: val_acc {val_acc:.4f} val_loss {val_loss:.4f} "
-                   f"({time.time() - t0:.1f}s, {format_time(time.time() - t_start)} elapsed)")
+                   f"({time.time() - t0:.1f}s, {nanolap.format_time(time.time() - t_start)} elapsed)")
             if master:
-                append_jsonl(os.path.join(out_dir, "log.jsonl"), dict(
+                nanolap.append_jsonl(os.path.join(out_dir, "log.jsonl"), dict(
                     step=step, epoch=step // steps_per_epoch, val_acc=val_acc, val_loss=val_loss, lr=lr_now,
                     train_loss=loss_value, seconds=round(time.time() - t_start, 1)))
             t_log += time.time() - t0  # evaluation time is not training time
         stopped = step == stop_at_step and step < max_steps
         if master and (epoch_end or (ckpt_interval and step % ckpt_interval == 0) or step == stop_at_step):
-            save_checkpoint(dict(kind="vit", model_config=asdict(model_config), model=raw_model.state_dict(),
-                                 config=config, optimizer=opt.state_dict(), scaler=scaler.state_dict(),
-                                 step=step, epoch=step // steps_per_epoch, steps_per_epoch=steps_per_epoch,
-                                 best_val_acc=best_acc, val_acc=val_acc, val_loss=val_loss, rng=rng_state(),
-                                 classes=list(classes), mean=mean.flatten().tolist(), std=std.flatten().tolist()),
-                            os.path.join(out_dir, "ckpt.pt"))
+            nanolap.save_checkpoint(dict(
+                kind="vit", model_config=asdict(model_config), model=raw_model.state_dict(), config=config,
+                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), step=step, epoch=step // steps_per_epoch,
+                steps_per_epoch=steps_per_epoch, best_val_acc=best_acc, val_acc=val_acc, val_loss=val_loss,
+                rng=nanolap.rng_state(), classes=list(classes), mean=mean.flatten().tolist(), std=std.flatten().tolist()),
+                os.path.join(out_dir, "ckpt.pt"))
         if stopped:
             print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
             break
 
     # ---- end
     if world > 1:
-        print_param_checksum(raw_model.parameters(), rank, world)
+        nanolap.print_param_checksum(raw_model.parameters(), rank, world)
     if master and not stopped:
-        write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset, steps=step,
-                     seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss, epochs=epochs,
-                     img_per_s=round(sum(speeds) / max(len(speeds), 1)), data_wait=sum(waits) / max(len(waits), 1))
-    teardown_distributed()
+        nanolap.write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset,
+                             steps=step, seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss,
+                             epochs=epochs, img_per_s=round(sum(speeds) / max(len(speeds), 1)),
+                             data_wait=sum(waits) / max(len(waits), 1))
+    nanolap.teardown_distributed()

@@ -215,7 +215,9 @@ class MultiCrop:
     def view(self, x, size, scale, blur_p, solarize_p, g):
         """One random view of every image: crop + resize + flip, colour jitter, grayscale, blur, solarise."""
         B, C, H, W = x.shape
-        rand = lambda *shape: torch.rand(*shape, generator=g).to(x.device)
+        def rand(*shape):  # uniform numbers from the generator (on the CPU), on the images' device
+            return torch.rand(*shape, generator=g).to(x.device)
+
         # RandomResizedCrop: area fraction in `scale`, aspect ratio log-uniform in [3/4, 4/3], then
         # a bicubic resize (and the horizontal flip) in one grid_sample
         area = H * W * (scale[0] + (scale[1] - scale[0]) * rand(B))

@@ -13,6 +13,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+import nanolap
 from nanolap import UsageError
 
 FASHION_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -105,21 +106,22 @@ def load_images(name, data_dir="data"):
     return dict(train=split["train"], val=split["val"], num_classes=len(classes), classes=classes, mean=mean, std=std)
 
 
-def eval_indices(n, limit):
-    """A fixed random subset of n items (the same for every run and seed); limit 0 = all, in a fixed order."""
+def fixed_subset(n, limit):
+    """Indices of a fixed random subset of n items, the same for every run and seed (a --train_subset, the evaluation
+    images); limit 0 (or >= n) = all, in a fixed random order."""
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1234))
     return perm[:limit] if 0 < limit < n else perm
 
 
 def load_eval_images(data, split, limit, size, num_workers=0):
-    """The fixed evaluation subset of an in-memory split (limit images; 0 = all, see eval_indices), resized
+    """The fixed evaluation subset of an in-memory split (limit images; 0 = all, see fixed_subset), resized
     to the backbone's resolution: (x uint8 (N, C, size, size), y int64 (N,)). DINO's k-NN and linear
     probes and analyze.py see the same images. An ImageFolder split (imagefolder_squares) is decoded by
     num_workers processes, at most 10000 images of it (a whole ImageNet does not fit in memory)."""
     if not isinstance(data[split], tuple):
-        return decode_folder(data[split], eval_indices(len(data[split]), limit or 10000), size, num_workers)
+        return decode_folder(data[split], fixed_subset(len(data[split]), limit or 10000), size, num_workers)
     x, y = data[split]
-    idx = eval_indices(len(x), limit)
+    idx = fixed_subset(len(x), limit)
     x = x[idx]
     if x.shape[-1] != size:  # e.g. 64 px scenes for a 28 px backbone: evaluate at the training resolution
         from torchvision.transforms import v2
@@ -197,10 +199,14 @@ SCENE_CLASSES = ["background"] + FASHION_CLASSES
 
 def textures(n, size, g):
     """n random backgrounds in [0, 240): a grating + smooth blobs + fine noise, each rescaled to its own grey band."""
-    u = lambda: torch.rand(n, 1, 1, generator=g)
+    def u():  # one uniform number per texture, (n, 1, 1)
+        return torch.rand(n, 1, 1, generator=g)
+
     yy, xx = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32),
                             indexing="ij")
-    angle, period, phase = u() * math.pi, 3 + 13 * u(), 2 * math.pi * u()
+    angle = u() * math.pi  # drawn in this order: a seed gives one texture
+    period = 3 + 13 * u()
+    phase = 2 * math.pi * u()
     grating = torch.sin(2 * math.pi / period * (xx * torch.cos(angle) + yy * torch.sin(angle)) + phase)
     blobs = F.interpolate(torch.rand(n, 1, 5, 5, generator=g), size=(size, size), mode="bicubic",
                           align_corners=False)[:, 0]
@@ -247,9 +253,8 @@ def build_scenes(data_dir="data", n_train=10000, n_val=2000, size=64, min_items=
         scenes = make_scenes(*source, n, seed * 2 + offset, size, min_items, max_items, threshold)
         scenes.update(classes=SCENE_CLASSES, size=size, seed=seed)
         path = os.path.join(data_dir, "scenes", f"{split}.pt")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save(scenes, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        with nanolap.atomic_write(path) as f:
+            torch.save(scenes, f)
         if verbose:
             print(f"wrote {n} scenes of {size}x{size} to {path}")
         out[split] = scenes
@@ -272,7 +277,9 @@ def load_segmentation(name, data_dir, split, n, size, in_chans):
     from torchvision.transforms import v2
     if name == "scenes":
         s = load_scenes(data_dir, split)
-        x, m, classes = s["images"][:n], s["masks"][:n].long(), s["classes"]
+        x = s["images"][:n]
+        m = s["masks"][:n].long()
+        classes = s["classes"]
     elif name == "pets":
         from torchvision.datasets import OxfordIIITPet
         root = os.path.join(data_dir, "oxford_pets")
@@ -283,14 +290,16 @@ def load_segmentation(name, data_dir, split, n, size, in_chans):
             raise UsageError(f"Oxford-IIIT Pet is not in {root} and the download failed ({e}); "
                              f"use --seg_dataset=scenes offline")
         xs, ms = [], []
-        for i in eval_indices(len(ds), n).tolist():
+        for i in fixed_subset(len(ds), n).tolist():
             img, (trimap, species) = ds[i]
             xs.append(v2.functional.resize(v2.functional.pil_to_tensor(img), [size, size], antialias=True))
             t = v2.functional.resize(v2.functional.pil_to_tensor(trimap), [size, size],
                                      interpolation=v2.InterpolationMode.NEAREST)[0].long()
             # trimap: 1 = pet, 2 = background, 3 = border (ignored)
             ms.append(torch.where(t == 1, 1 + species, torch.where(t == 2, 0, 255)))
-        x, m, classes = torch.stack(xs), torch.stack(ms), ["background", "cat", "dog"]
+        x = torch.stack(xs)
+        m = torch.stack(ms)
+        classes = ["background", "cat", "dog"]
     else:
         raise UsageError(f"unknown seg_dataset {name!r}; choose scenes, pets or none")
     if x.shape[-1] != size:

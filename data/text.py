@@ -25,6 +25,7 @@ import numpy as np
 
 import torch
 
+import nanolap
 from nanolap import UsageError
 
 DATASETS = ("shakespeare_char", "shakespeare", "fineweb_edu")  # each made by data/<name>/prepare.py
@@ -292,9 +293,10 @@ def write_dataset(out_dir, train_ids, val_ids, meta):
     train = to_uint16(train_ids, meta["vocab_size"])
     val = to_uint16(val_ids, meta["vocab_size"])
     meta = dict(meta, train_tokens=len(train), val_tokens=len(val))
-    write_atomic(os.path.join(out_dir, "train.bin"), train.tobytes())
-    write_atomic(os.path.join(out_dir, "val.bin"), val.tobytes())
-    write_atomic(os.path.join(out_dir, "meta.json"), json.dumps(meta).encode("utf-8"))
+    for name, data in (("train.bin", train.tobytes()), ("val.bin", val.tobytes()),
+                       ("meta.json", json.dumps(meta).encode("utf-8"))):
+        with nanolap.atomic_write(os.path.join(out_dir, name)) as f:
+            f.write(data)
     print(f"vocab size: {meta['vocab_size']:,}")
     print(f"train has {len(train):,} tokens")
     print(f"val has {len(val):,} tokens")

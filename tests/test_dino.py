@@ -15,42 +15,24 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
-import nanolap  # noqa: E402
-import train_dino as td  # noqa: E402
-from data import augment, images  # noqa: E402
-from nanolap import Config, DINOHead, ViT, load_checkpoint, make_config  # noqa: E402
+import nanolap
+import train_dino as td
+from conftest import ENV, ROOT, param_checksums, result, run
+from data import augment, images
+from nanolap import Config, DINOHead, ViT, load_checkpoint, make_config
+
+SCRIPT = "train_dino.py"
 
 # a tiny run: 256 images, 4 steps per epoch, seconds on a CPU
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--n_lap=1", "--drop_path=0.2", "--out_dim=64", "--head_hidden=32",
-        "--head_bottleneck=16", "--freeze_last_layer=1.0", "--train_limit=256", "--batch_size=64", "--local_crops=2",
+        "--head_bottleneck=16", "--freeze_last_layer=1.0", "--train_subset=256", "--batch_size=64", "--local_crops=2",
         "--eval_train=256", "--eval_val=128", "--probe_steps=20", "--seg_dataset=none", "--log_interval=1",
         "--eval_interval=100"]
-
-
-def run_script(*args, timeout=180):
-    """train_dino.py as a user runs it; one process unless the test asks for --cpu_procs."""
-    procs = [] if any(a.startswith("--cpu_procs") for a in args) else ["--cpu_procs=1"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # tiny models: a second thread only competes with the others
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train_dino.py"), *procs, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def losses(stdout):
     """{step: loss} from the progress lines (log_interval=1)."""
     return {int(m[0]): float(m[1]) for m in re.findall(r"^step (\d+)/\d+ .*?\| loss ([-+0-9.naninf]+)", stdout, re.M)}
-
-
-def result(stdout):
-    """The RESULT line as a dict of strings, in its order."""
-    line = [l for l in stdout.splitlines() if l.startswith("RESULT ")][-1]
-    return dict(kv.split("=", 1) for kv in line.split()[1:])
-
-
-def param_checksums(stdout):
-    """{rank: checksum} from nanolap.print_param_checksum's lines."""
-    return dict(re.findall(r"rank (\d+)/\d+ param_checksum=([-+0-9.]+e[-+]\d+)", stdout))
 
 
 @pytest.fixture(autouse=True)
@@ -126,16 +108,17 @@ def test_ema_update_is_exact():
 
 
 def test_schedules():
-    # linear warm-up from 0, then a half cosine: DINO's cosine_scheduler
-    assert td.cosine_schedule(0, 100, 1.0, 0.0, warmup=10) == 0.0
-    assert td.cosine_schedule(5, 100, 1.0, 0.0, warmup=10) == pytest.approx(0.5)
-    assert td.cosine_schedule(10, 100, 1.0, 0.0, warmup=10) == pytest.approx(1.0)
-    assert td.cosine_schedule(55, 100, 1.0, 0.0, warmup=10) == pytest.approx(0.5)
-    assert td.cosine_schedule(100, 100, 0.04, 0.4) == pytest.approx(0.4)  # weight decay rises 0.04 -> 0.4
-    assert td.cosine_schedule(0, 100, 0.996, 1.0) == pytest.approx(0.996)  # teacher momentum -> 1
+    # DINO's schedules through nanolap.cosine_schedule: linear warm-up from 0, then a half cosine (cosine_scheduler)
+    cosine = nanolap.cosine_schedule
+    assert cosine(0, 100, 1.0, 0.0, warmup=10) == 0.0
+    assert cosine(5, 100, 1.0, 0.0, warmup=10) == pytest.approx(0.5)
+    assert cosine(10, 100, 1.0, 0.0, warmup=10) == pytest.approx(1.0)
+    assert cosine(55, 100, 1.0, 0.0, warmup=10) == pytest.approx(0.5)
+    assert cosine(100, 100, 0.04, 0.4) == pytest.approx(0.4)  # weight decay rises 0.04 -> 0.4
+    assert cosine(0, 100, 0.996, 1.0) == pytest.approx(0.996)  # teacher momentum -> 1
     # the teacher temperature: linear 0.04 -> 0.07 over 10 steps, then exactly constant
-    assert td.cosine_schedule(5, 100, 0.07, 0.07, warmup=10, warmup_start=0.04) == pytest.approx(0.055)
-    assert all(td.cosine_schedule(s, 100, 0.07, 0.07, 10, 0.04) == 0.07 for s in (10, 50, 100))
+    assert cosine(5, 100, 0.07, 0.07, warmup=10, warmup_start=0.04) == pytest.approx(0.055)
+    assert all(cosine(s, 100, 0.07, 0.07, 10, 0.04) == 0.07 for s in (10, 50, 100))
 
 
 def test_frozen_last_layer_gets_no_update_in_epoch_0():
@@ -307,7 +290,7 @@ def test_scenes_are_deterministic_and_masks_match_the_items():
 DINO_BOOSTED = dict(teacher_temp=0.07, warmup_teacher_temp_epochs=30, norm_last_layer=False, warmup_teacher_temp=0.04,
                     student_temp=0.1, center_momentum=0.9, momentum_teacher=0.996, out_dim=65536, head_hidden=2048,
                     head_bottleneck=256, drop_path=0.1, lr=0.0005, min_lr=1e-6, warmup_epochs=10, weight_decay=0.04,
-                    weight_decay_end=0.4, clip_grad=3.0, freeze_last_layer=1, batch_size=1024, global_size=224,
+                    weight_decay_end=0.4, grad_clip=3.0, freeze_last_layer=1, batch_size=1024, global_size=224,
                     global_scale=[0.4, 1.0], local_crops=8, local_size=96, local_scale=[0.05, 0.4],
                     jitter=[0.4, 0.4, 0.2, 0.1], jitter_p=0.8, grayscale_p=0.2, blur_sigma=[0.1, 2.0], solarize_p=0.2)
 
@@ -348,7 +331,7 @@ def test_help_lists_every_option_with_its_comment(capsys):
 def test_tiny_run_writes_result_log_and_checkpoint(tmp_path):
     """4 steps of a tiny model with local crops and drop path: the RESULT line, log.jsonl and the checkpoint
     contract that analyze.py and --resume rely on."""
-    r = run_script(*TINY, "--dataset=synthetic", "--epochs=1.0", f"--out_dir={tmp_path}")
+    r = run(SCRIPT, *TINY, "--dataset=synthetic", "--epochs=1.0", f"--out_dir={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(losses(r.stdout)) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses(r.stdout).values())
     res = result(r.stdout)
@@ -372,17 +355,17 @@ def test_tiny_run_writes_result_log_and_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_resume_equals_uninterrupted_run_and_last_layer_freeze(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    a = run_script(*TINY, "--epochs=2.0", f"--out_dir={full}")
+    a = run(SCRIPT, *TINY, "--epochs=2.0", f"--out_dir={full}")
     assert a.returncode == 0, a.stderr
     # the same run in three pieces: stop at step 1, resume to step 4 (the end of epoch 0), resume to the end
     # with nothing but --resume (the checkpoint's options are the base)
-    b1 = run_script(*TINY, "--epochs=2.0", "--stop_at_step=1", f"--out_dir={part}")
+    b1 = run(SCRIPT, *TINY, "--epochs=2.0", "--stop_at_step=1", f"--out_dir={part}")
     assert b1.returncode == 0 and "stopped at step 1 of 8" in b1.stdout, b1.stderr
     at_1 = load_checkpoint(str(part / "ckpt.pt"))
-    b4 = run_script("--stop_at_step=4", "--resume", f"--out_dir={part}")
+    b4 = run(SCRIPT, "--stop_at_step=4", "--resume", f"--out_dir={part}")
     assert b4.returncode == 0, b4.stderr
     at_4 = load_checkpoint(str(part / "ckpt.pt"))
-    b8 = run_script("--resume", f"--out_dir={part}")
+    b8 = run(SCRIPT, "--resume", f"--out_dir={part}")
     assert b8.returncode == 0, b8.stderr
     assert "resumed from" in b8.stdout and "RESULT" in b8.stdout and "RESULT" in a.stdout
     la, l1, l4, l8 = losses(a.stdout), losses(b1.stdout), losses(b4.stdout), losses(b8.stdout)
@@ -403,13 +386,13 @@ def test_resume_equals_uninterrupted_run_and_last_layer_freeze(tmp_path):
     records = [json.loads(line) for line in open(full / "log.jsonl")]
     assert records[0]["step"] == 0 and "knn_acc" in records[0] and "linear_acc" in records[-1]
     # --eval_only probes the saved backbone on the same images: the run's own numbers
-    e = run_script(f"--eval_only={full / 'ckpt.pt'}", "--eval_train=256", "--eval_val=128", "--probe_steps=20",
+    e = run(SCRIPT, f"--eval_only={full / 'ckpt.pt'}", "--eval_train=256", "--eval_val=128", "--probe_steps=20",
                    "--seg_dataset=none", f"--out_dir={tmp_path / 'eval'}")
     assert e.returncode == 0, e.stderr
     for key in ("knn_acc", "knn_acc_init", "linear_acc", "linear_acc_pixels"):
         assert result(e.stdout)[key] == result(a.stdout)[key], key
     # a resume that changes the model is refused, naming what changed
-    r = run_script("--resume", "--n_lap=0", f"--out_dir={part}")
+    r = run(SCRIPT, "--resume", "--n_lap=0", f"--out_dir={part}")
     assert r.returncode != 0 and "--n_lap=0 (checkpoint: 1)" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -422,23 +405,23 @@ def test_two_processes_stay_in_sync_and_resume_exactly(tmp_path):
         port = s.getsockname()[1]
     args = [*TINY, "--epochs=2.0"]
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-                        "train_dino.py", *args, f"--out_dir={tmp_path / 'ddp'}"], cwd=ROOT, capture_output=True,
+                        "train_dino.py", *args, f"--out_dir={tmp_path / 'ddp'}"], cwd=ROOT, env=ENV, capture_output=True,
                        text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     sums = param_checksums(p.stdout)
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], f"ranks diverged: {sums}"
-    spawned = run_script(*args, "--cpu_procs=2", f"--out_dir={tmp_path / 'spawned'}")
+    spawned = run(SCRIPT, *args, "--cpu_procs=2", f"--out_dir={tmp_path / 'spawned'}")
     assert spawned.returncode == 0, spawned.stderr
     assert param_checksums(spawned.stdout) == sums
     assert losses(spawned.stdout) == losses(p.stdout) and sorted(losses(p.stdout)) == list(range(1, 9))
     part = tmp_path / "part"
-    first = run_script(*args, "--cpu_procs=2", "--stop_at_step=3", f"--out_dir={part}")
-    rest = run_script(*args, "--cpu_procs=2", "--resume", f"--out_dir={part}")
+    first = run(SCRIPT, *args, "--cpu_procs=2", "--stop_at_step=3", f"--out_dir={part}")
+    rest = run(SCRIPT, *args, "--cpu_procs=2", "--resume", f"--out_dir={part}")
     assert first.returncode == 0 and rest.returncode == 0, first.stderr + rest.stderr
     assert {**losses(first.stdout), **losses(rest.stdout)} == losses(p.stdout)
     assert param_checksums(rest.stdout) == sums
     assert len(load_checkpoint(str(part / "ckpt.pt"))["rng"]) == 2
-    one = run_script(*args, "--cpu_procs=1", "--resume", f"--out_dir={part}")
+    one = run(SCRIPT, *args, "--cpu_procs=1", "--resume", f"--out_dir={part}")
     assert one.returncode != 0 and "written by 2 process(es), this run has 1" in one.stderr, one.stderr
     assert "Traceback" not in one.stderr
 
@@ -456,7 +439,7 @@ def teacher_outputs(out_dir):
         return teacher([(x[:256].float() / 255 - data["mean"][0]) / data["std"][0]]) - ckpt["center"]
 
 
-SHORT = ["--train_limit=512", "--epochs=5.0", "--eval_train=500", "--eval_val=250", "--probe_steps=20",
+SHORT = ["--train_subset=512", "--epochs=5.0", "--eval_train=500", "--eval_val=250", "--probe_steps=20",
          "--seg_dataset=none", "--log_interval=10"]
 
 
@@ -464,7 +447,7 @@ SHORT = ["--train_limit=512", "--epochs=5.0", "--eval_train=500", "--eval_val=25
 def test_short_run_does_not_collapse(tmp_path):
     """40 steps of the default model: early DINO has a nearly uniform teacher (the entropy falls over
     epochs), but its outputs must still tell images apart and its features must still hold the classes."""
-    r = run_script(*SHORT, f"--out_dir={tmp_path}")
+    r = run(SCRIPT, *SHORT, f"--out_dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert "collapsing" not in r.stdout
     out = teacher_outputs(tmp_path)
@@ -477,14 +460,14 @@ def test_short_run_does_not_collapse(tmp_path):
 @pytest.mark.slow
 def test_collapse_is_detected(tmp_path):
     """Without centring (center_momentum=1 keeps the centre at 0) DINO collapses onto one prototype."""
-    r = run_script(*SHORT, "--center_momentum=1.0", "--lr=0.01", f"--out_dir={tmp_path}")
+    r = run(SCRIPT, *SHORT, "--center_momentum=1.0", "--lr=0.01", f"--out_dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert "warning: the teacher's outputs barely differ across images" in r.stdout
     assert teacher_outputs(tmp_path).argmax(dim=1).unique().numel() <= 2
 
 
 BAD_INPUTS = [
-    (["--dataset=mnist"], "unknown dataset 'mnist'"),
+    (["--dataset=mnist"], "--dataset='mnist': choose one of fashion_mnist, cifar10"),
     (["--local_crops=2", "--local_size=12"], "--local_size=12 is not a multiple of the patch size 7"),
     (["--seg_size=50"], "--seg_size=50 is not a multiple of the patch size 7"),
     (["--n_lap=5"], "at most n_head=4 Laplacian heads"),
@@ -495,12 +478,16 @@ BAD_INPUTS = [
     (["--global_scale=[0.4, 1.5]"], "--global_scale=[0.4, 1.5]: expected [low, high]"),
     (["--preset=gpt-tiny"], "--preset='gpt-tiny': choose one of"),
     (["--dtype=fp8"], "--dtype='fp8': choose auto, float32, bfloat16 or float16"),
-    (["--stop_at_step=-1"], "--stop_at_step=-1 must not be negative"),
+    (["--stop_at_step=-1"], "--stop_at_step=-1: must be at least 0"),
+    (["--lr=0.0"], "--lr=0.0: must be greater than 0"),
+    (["--jitter_p=1.5"], "--jitter_p=1.5: must lie in [0, 1]"),
+    (["--train_limit=100"], "unknown option --train_limit"),  # the old name of --train_subset
+    (["--clip_grad=1.0"], "unknown option --clip_grad"),  # the old name of --grad_clip
     (["--cpu_procs=3"], "--batch_size=64 is not divisible by the 3 processes"),
     # met after the data loads, in every process: one process here, since with two nanolap's launcher may stop
     # the first (the one that speaks) when the second exits first
     (["--dataset=imagefolder", "--data_dir=/nonexistent", "--cpu_procs=1"], "/nonexistent/train is not a directory"),
-    (["--train_limit=100", "--batch_size=128", "--cpu_procs=1"], "--batch_size=128 is larger than the 100 training images"),
+    (["--train_subset=100", "--batch_size=128", "--cpu_procs=1"], "--batch_size=128 is larger than the 100 training images"),
 ] + ([] if torch.cuda.is_available() else [(["--device=cuda"], "--device=cuda: this machine has no CUDA device")])
 
 
@@ -508,7 +495,7 @@ BAD_INPUTS = [
 def test_bad_inputs_give_clear_one_line_errors(tmp_path):
     """Every case in its own process (two for the data errors: --cpu_procs=2), all at once."""
     procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train_dino.py"), f"--out_dir={tmp_path / str(i)}",
-                               *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, (args, _) in enumerate(BAD_INPUTS)]  # a case may name its own out_dir: it comes later
     for p, (args, message) in zip(procs, BAD_INPUTS):
         _, err = p.communicate(timeout=180)
@@ -519,6 +506,6 @@ def test_bad_inputs_give_clear_one_line_errors(tmp_path):
 @pytest.mark.slow
 def test_unused_sizes_are_not_checked(tmp_path):
     """Without local crops (or segmentation) their sizes play no part, so they need not fit the patch size."""
-    r = run_script(*TINY, "--local_crops=0", "--local_size=12", "--seg_size=50", "--epochs=1.0", "--stop_at_step=1",
+    r = run(SCRIPT, *TINY, "--local_crops=0", "--local_size=12", "--seg_size=50", "--epochs=1.0", "--stop_at_step=1",
                    f"--out_dir={tmp_path}")
     assert r.returncode == 0 and "stopped at step 1 of 4" in r.stdout, r.stderr

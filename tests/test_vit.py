@@ -14,12 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import nanolap  # noqa: E402
-import train_vit  # noqa: E402
-from data import augment, images  # noqa: E402
-from nanolap import load_checkpoint, load_model  # noqa: E402
+import nanolap
+import train_vit
+from conftest import ENV, ROOT, param_checksums, result, run
+from data import augment, images
+from nanolap import load_checkpoint, load_model
+
+SCRIPT = "train_vit.py"
 
 # a short run on the generated dataset that learns (no label-changing flips of the random patterns)
 PLAIN = ["--dataset=synthetic", "--val_subset=256", "--batch_size=64", "--epochs=3", "--log_interval=8",
@@ -28,34 +29,12 @@ PLAIN = ["--dataset=synthetic", "--val_subset=256", "--batch_size=64", "--epochs
 HEAVY = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--batch_size=32", "--epochs=2",
          "--log_interval=1", "--drop_path=0.1", "--three_augment=True", "--mixup=0.8", "--cutmix=1.0",
          "--random_erasing=0.25", "--crop_padding=2", "--hflip=True"]
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 RESULT_KEYS = ["n_lap", "params", "seed", "dataset", "steps", "seconds", "val_acc", "val_loss", "epochs", "img_per_s",
                "data_wait"]
 
 
-def run(args, check=True, timeout=120):
-    """train_vit.py as a user runs it; one process unless the test asks for --cpu_procs."""
-    procs = [] if any(a.startswith("--cpu_procs") for a in args) else ["--cpu_procs=1"]
-    p = subprocess.run([sys.executable, "train_vit.py", *procs, *args], cwd=ROOT, env=ENV, capture_output=True,
-                       text=True, timeout=timeout)
-    if check and p.returncode != 0:
-        raise AssertionError(f"train_vit.py {' '.join(args)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    return p
-
-
-def result(stdout):
-    line = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-    assert line, f"no RESULT line in:\n{stdout[-2000:]}"
-    return dict(kv.split("=", 1) for kv in line[-1].split()[1:])
-
-
 def step_losses(stdout):
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"step (\d+)/\d+ \| loss (\S+)", stdout)}
-
-
-def param_checksums(text):
-    """{rank: checksum} from nanolap.print_param_checksum's lines (the ranks' output may interleave)."""
-    return dict(re.findall(r"rank (\d+)/\d+ param_checksum=([-+0-9.]+e[-+]\d+)", text))
 
 
 def accuracy(ckpt, x, y):
@@ -70,8 +49,8 @@ def accuracy(ckpt, x, y):
 
 def test_tiny_training_on_cpu(tmp_path):
     """--device=cpu trains; the RESULT line, log.jsonl and the checkpoint contract analyze.py relies on."""
-    p = run(["--device=cpu", "--dataset=synthetic", "--train_subset=256", "--val_subset=128", "--batch_size=64",
-             "--epochs=2", "--log_interval=2", f"--out_dir={tmp_path}"])
+    p = run(SCRIPT, "--device=cpu", "--dataset=synthetic", "--train_subset=256", "--val_subset=128", "--batch_size=64",
+            "--epochs=2", "--log_interval=2", f"--out_dir={tmp_path}", check=True)
     r = result(p.stdout)
     assert list(r) == RESULT_KEYS and r["n_lap"] == "4" and r["dataset"] == "synthetic" and r["epochs"] == "2"
     assert open(tmp_path / "result.txt").read().split()[1:4] == p.stdout.split("RESULT ")[1].split()[:3]
@@ -105,7 +84,7 @@ def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
                                           "patch_size", "mlp_ratio", "pooling", "drop_path", "layerscale", "qk_norm",
                                           "graph", "crop_padding", "simple_random_crop", "hflip", "three_augment",
                                           "color_jitter", "rand_augment", "rand_magnitude", "random_erasing", "mixup",
-                                          "cutmix", "label_smoothing", "bce_loss", "optimizer", "epochs", "batch_size",
+                                          "cutmix", "label_smoothing", "bce_loss", "optimizer_name", "epochs", "batch_size",
                                           "grad_accum", "lr", "min_lr", "warmup_epochs", "weight_decay", "beta1",
                                           "beta2", "grad_clip", "device", "dtype", "compile_model", "cpu_procs",
                                           "cpu_threads", "seed"]
@@ -117,7 +96,7 @@ def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
 
 PAPER_RECIPE = dict(bce_loss=True, label_smoothing=0.1, mixup=0.8, cutmix=1.0, three_augment=True, color_jitter=0.3,
                     random_erasing=0.0, qk_norm=True, layerscale=1e-6, lr=2e-3, weight_decay=0.05, warmup_epochs=5.0,
-                    grad_clip=1.0, min_lr=1e-6, epochs=300, optimizer="adamw")
+                    grad_clip=1.0, min_lr=1e-6, epochs=300, optimizer_name="adamw")
 VIT_B = dict(n_layer=12, n_embd=768, n_head=12, patch_size=16, img_size=192, n_lap=12, layerscale=1e-6)
 
 
@@ -398,7 +377,8 @@ def test_make_optimizer_decays_weight_matrices_only():
 
 
 def test_lr_schedule():
-    lrs = [train_vit.get_lr(s, 1e-3, 1e-5, 10, 100) for s in range(100)]
+    # the ViT's schedule through nanolap.cosine_schedule: warm-up step s trains at (s + 1) / 10 of the peak
+    lrs = [nanolap.cosine_schedule(s, 100, 1e-3, 1e-5, 10, warmup_from=1) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == pytest.approx(1e-5, abs=1e-6)
 
@@ -419,13 +399,13 @@ def test_evaluate_counts_accuracy_and_loss():
 @pytest.fixture(scope="module")
 def heavy_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("heavy")
-    return out, run(HEAVY + [f"--out_dir={out}"]).stdout
+    return out, run(SCRIPT, *HEAVY, f"--out_dir={out}", check=True).stdout
 
 
 @pytest.mark.slow
 def test_end_to_end_synthetic_learns(tmp_path):
     (tmp_path / "ckpt.pt").write_text("an earlier run")
-    stdout = run(PLAIN + [f"--out_dir={tmp_path}"]).stdout
+    stdout = run(SCRIPT, *PLAIN, f"--out_dir={tmp_path}", check=True).stdout
     r = result(stdout)
     assert float(r["val_acc"]) > 0.6, "10 generated classes: the ViT should learn well above chance (0.1)"
     records = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
@@ -438,30 +418,30 @@ def test_end_to_end_synthetic_learns(tmp_path):
 def test_resume_is_exact(heavy_run, tmp_path):
     out_full, stdout_full = heavy_run
     out = tmp_path / "resumed"
-    first = run(HEAVY + [f"--out_dir={out}", "--stop_at_step=21"])  # stops in the middle of epoch 2
+    first = run(SCRIPT, *HEAVY, f"--out_dir={out}", "--stop_at_step=21", check=True)  # stops in the middle of epoch 2
     assert "RESULT" not in first.stdout and "stopped at step 21" in first.stdout
     assert load_checkpoint(str(out / "ckpt.pt"))["step"] == 21
-    second = run([f"--out_dir={out}", "--resume"])  # the rest of the config comes from the checkpoint
+    # a resume that would change the steps per epoch, or the model, is refused in one line (and changes nothing)
+    for args, message in ((["--batch_size=16"], "the checkpoint has 16 steps per epoch, this run 32"),
+                          (["--n_lap=0"], "--resume continues a run exactly: it cannot change the model, data or schedule (--n_lap=0"),
+                          (["--epochs=3"], "or schedule (--epochs=3 (checkpoint: 2)). To train longer")):
+        p = run(SCRIPT, f"--out_dir={out}", "--resume", *args)
+        assert p.returncode == 1 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+    second = run(SCRIPT, f"--out_dir={out}", "--resume", check=True)  # the rest of the config comes from the checkpoint
     full, resumed = step_losses(stdout_full), {**step_losses(first.stdout), **step_losses(second.stdout)}
     assert len(full) == 32 and resumed == full, "a resumed run must repeat the uninterrupted losses exactly"
     assert result(second.stdout)["val_acc"] == result(stdout_full)["val_acc"]
     a, b = load_checkpoint(str(out_full / "ckpt.pt")), load_checkpoint(str(out / "ckpt.pt"))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    # a resume that would change the steps per epoch, or the model, is refused in one line
-    for args, message in ((["--batch_size=16"], "the checkpoint has 16 steps per epoch, this run 32"),
-                          (["--n_lap=0"], "--resume continues a run exactly: it cannot change the model, data or schedule (--n_lap=0"),
-                          (["--epochs=3"], "or schedule (--epochs=3 (checkpoint: 2)). To train longer")):
-        p = run([f"--out_dir={out}", "--resume", *args], check=False)
-        assert p.returncode == 1 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 @pytest.mark.slow
 def test_nonfinite_loss_stops_and_keeps_checkpoint(tmp_path):
     out = tmp_path / "nan"
-    run(HEAVY + [f"--out_dir={out}", "--stop_at_step=5"])
+    run(SCRIPT, *HEAVY, f"--out_dir={out}", "--stop_at_step=5", check=True)
     ckpt_bytes = open(out / "ckpt.pt", "rb").read()
     # an infinite learning rate (1e999 is a float literal for inf) wrecks the weights in one step
-    p = run([f"--out_dir={out}", "--resume", "--lr=1e999"], check=False)
+    p = run(SCRIPT, f"--out_dir={out}", "--resume", "--lr=1e999")
     assert p.returncode != 0 and "non-finite loss" in p.stderr and "Traceback" not in p.stderr
     assert open(out / "ckpt.pt", "rb").read() == ckpt_bytes, "the last good checkpoint must survive"
 
@@ -482,12 +462,13 @@ def test_two_processes_match_one(tmp_path):
     sums = param_checksums(p.stdout)
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], f"ranks diverged: {sums}"
     assert "global batch 64 = 32 x 1 accum x 2 process(es)" in p.stdout
-    single = run(args + ["--batch_size=64", f"--out_dir={tmp_path / 'single'}"])
+    single = run(SCRIPT, *args, "--batch_size=64", f"--out_dir={tmp_path / 'single'}", check=True)
     a, b = result(p.stdout), result(single.stdout)
     assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), abs=2e-3)
     la, lb = step_losses(p.stdout), step_losses(single.stdout)
     assert la.keys() == lb.keys() and all(abs(float(la[k]) - float(lb[k])) < 2e-3 for k in la)
-    spawned = run(args + ["--cpu_procs=2", "--device=cpu", "--batch_size=32", f"--out_dir={tmp_path / 'spawned'}"])
+    spawned = run(SCRIPT, *args, "--cpu_procs=2", "--device=cpu", "--batch_size=32", f"--out_dir={tmp_path / 'spawned'}",
+                  check=True)
     same = ("val_acc", "val_loss", "params", "n_lap", "epochs")
     assert [result(spawned.stdout)[k] for k in same] == [a[k] for k in same] and step_losses(spawned.stdout) == la
     assert param_checksums(spawned.stdout) == sums
@@ -496,7 +477,7 @@ def test_two_processes_match_one(tmp_path):
 @pytest.mark.slow
 def test_spawned_processes_stop_together_on_error(tmp_path):
     """--cpu_procs=2: a failure inside the processes ends the run with one clear message, no hang."""
-    p = run(PLAIN + ["--cpu_procs=2", "--lr=1e999", f"--out_dir={tmp_path}"], check=False, timeout=60)
+    p = run(SCRIPT, *PLAIN, "--cpu_procs=2", "--lr=1e999", f"--out_dir={tmp_path}", timeout=60)
     assert p.returncode != 0 and "error: non-finite loss" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 # ----------------------------------------------------------------------------- slow: bad input in one line
@@ -507,7 +488,7 @@ def test_bad_input_messages(tmp_path):
     # errors met after the launch: in the default two CPU processes, where only rank 0 may speak, and in one
     one = "--cpu_procs=1"
     cases = {
-        "unknown dataset": (["--dataset=mnist"], "unknown dataset 'mnist'"),
+        "unknown dataset": (["--dataset=mnist"], "--dataset='mnist': choose one of fashion_mnist, cifar10"),
         "wrong path": (["--dataset=imagefolder", f"--data_dir={tmp_path}/nowhere"], "is not a directory"),
         "n_lap > n_head": (["--dataset=synthetic", "--n_lap=5"], "at most n_head=4 Laplacian heads"),
         "per-layer list length": ([one, "--dataset=synthetic", "--n_lap=[1,2]"], "has 2 entries but n_layer=4"),
@@ -515,9 +496,10 @@ def test_bad_input_messages(tmp_path):
         "unknown key": (["--learning_rate=0.1"], "unknown option --learning_rate"),
         "old option name": (["--compile=True"], "unknown option --compile"),
         "resume without checkpoint": ([f"--out_dir={tmp_path}/empty", "--resume"], "--resume: no checkpoint"),
-        "bad optimizer": (["--dataset=synthetic", "--optimizer=sgd"], "unknown optimizer 'sgd'"),
+        "bad optimizer": (["--dataset=synthetic", "--optimizer_name=sgd"], "--optimizer_name='sgd': choose one of adamw, lamb"),
+        "old optimizer option": (["--optimizer=lamb"], "unknown option --optimizer"),
         "not a ViT preset": ([one, "--dataset=synthetic", "--preset=gpt-tiny"], "--preset='gpt-tiny': choose one of"),
-        "erasing not a probability": (["--random_erasing=1.5"], "--random_erasing=1.5: a probability"),
+        "erasing not a probability": (["--random_erasing=1.5"], "--random_erasing=1.5: must lie in [0, 1]"),
         "no epochs": (["--epochs=0"], "--epochs=0: must be at least 1"),
         "batch too large": (["--dataset=synthetic", "--train_subset=8"], "is larger than the 8 training images"),
         "bad dtype": ([one, "--dataset=synthetic", "--dtype=half"], "--dtype='half': choose auto"),
@@ -541,8 +523,8 @@ def test_bad_input_messages(tmp_path):
 
 @pytest.mark.slow
 def test_fashion_mnist_smoke(tmp_path):
-    p = run(["--train_subset=4096", "--val_subset=1000", "--epochs=2", "--batch_size=128", "--log_interval=8",
-             f"--out_dir={tmp_path}"])
+    p = run(SCRIPT, "--train_subset=4096", "--val_subset=1000", "--epochs=2", "--batch_size=128", "--log_interval=8",
+            f"--out_dir={tmp_path}", check=True)
     assert "data: fashion_mnist 4096 train / 1000 val images, 1x28x28, 10 classes" in p.stdout
     r = result(p.stdout)
     assert float(r["val_acc"]) > 0.5 and r["dataset"] == "fashion_mnist"
@@ -560,9 +542,9 @@ def test_imagefolder(tmp_path):
                 level = 200 if k == 0 else 40
                 img = (torch.rand(40, 40, 3, generator=g) * 50 + level).clamp(0, 255).to(torch.uint8).numpy()
                 Image.fromarray(img).save(tmp_path / "imgs" / split / cls / f"{i}.png")
-    p = run(["--dataset=imagefolder", f"--data_dir={tmp_path / 'imgs'}", "--img_size=32", "--patch_size=8",
-             "--batch_size=8", "--epochs=2", "--num_workers=1", "--three_augment=True", "--rand_augment=1",
-             "--simple_random_crop=True", "--mixup=0.8", "--log_interval=1", f"--out_dir={tmp_path / 'out'}"])
+    p = run(SCRIPT, "--dataset=imagefolder", f"--data_dir={tmp_path / 'imgs'}", "--img_size=32", "--patch_size=8",
+            "--batch_size=8", "--epochs=2", "--num_workers=1", "--three_augment=True", "--rand_augment=1",
+            "--simple_random_crop=True", "--mixup=0.8", "--log_interval=1", f"--out_dir={tmp_path / 'out'}", check=True)
     assert "data: imagefolder 24 train / 8 val images, 3x32x32, 2 classes" in p.stdout
     assert "3 steps/epoch, 2 epochs = 6 steps" in p.stdout
     ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))

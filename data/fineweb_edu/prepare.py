@@ -35,11 +35,15 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
 from data import text  # noqa: E402
+import nanolap  # noqa: E402
 from nanolap import UsageError, configure  # noqa: E402
 
 BASE_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
 MAX_SHARDS = 99  # finewebedu_train_000001.bin ... finewebedu_train_000099.bin
-MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256  # llm.c: 256 int32 (magic, version, n_tokens, 0...), then uint16
+# llm.c's shard format: a header of HEADER_INTS int32 (MAGIC, VERSION, n_tokens, 0...), then uint16 tokens
+MAGIC = 20240520
+VERSION = 1
+HEADER_INTS = 256
 
 shards = 1  # number of 100M-token training shards to download (1..99)
 input_files = ""  # local text to tokenise instead (.jsonl / .txt, comma-separated, globs allowed)
@@ -55,7 +59,8 @@ out_dir = HERE  # where shards/, train.bin, val.bin and meta.json go
 def write_shard(path, tokens):
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:3] = MAGIC, VERSION, len(tokens)
-    text.write_atomic(path, header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
+    with nanolap.atomic_write(path) as f:
+        f.write(header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def read_shard(path):
@@ -81,21 +86,21 @@ def download(url, path, retries=6, backoff=2.0, timeout=60):
         except ValueError as e:  # only checked files are renamed into place: this one was damaged later
             print(f"  {e}; fetching it again")
             os.remove(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp"
     for attempt in range(1, retries + 1):
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f:
-                total, done, t0 = int(r.headers.get("Content-Length") or 0), 0, time.time()
+            with urllib.request.urlopen(url, timeout=timeout) as r, nanolap.atomic_write(path) as f:
+                total = int(r.headers.get("Content-Length") or 0)
+                done = 0
+                t0 = time.time()
                 while chunk := r.read(1 << 20):
                     f.write(chunk)
                     done += len(chunk)
                     if total and (done == total or done % (32 << 20) < len(chunk)):
                         print(f"\r  {os.path.basename(path)}: {done / 1e6:.0f}/{total / 1e6:.0f} MB "
                               f"({done / 1e6 / max(time.time() - t0, 1e-9):.1f} MB/s)", end="", flush=True)
-            print()
-            read_shard(tmp)  # a truncated or wrong file fails here and is fetched again
-            os.replace(tmp, path)
+                print()
+                f.flush()
+                read_shard(f.name)  # a truncated or wrong file fails here (nothing is renamed) and is fetched again
             return True
         except (OSError, ValueError) as e:
             if attempt == retries:
@@ -140,7 +145,9 @@ def tokenize_to_shards(docs, enc, shard_size, shard_dir):
     """Tokenise documents (each preceded by <|endoftext|>), pack them into shards of shard_size tokens
     (a document may continue in the next shard); the first shard is the validation split.
     Returns (val_path, train_paths)."""
-    buf, fill, paths = np.empty(shard_size, dtype=np.uint16), 0, []
+    buf = np.empty(shard_size, dtype=np.uint16)
+    fill = 0
+    paths = []
 
     def flush():
         split = "val" if not paths else "train"
@@ -152,7 +159,9 @@ def tokenize_to_shards(docs, enc, shard_size, shard_dir):
         tokens = text.to_uint16([enc.eot_token] + enc.encode_ordinary(doc), enc.n_vocab)
         while len(tokens):
             take = min(shard_size - fill, len(tokens))
-            buf[fill:fill + take], tokens, fill = tokens[:take], tokens[take:], fill + take
+            buf[fill:fill + take] = tokens[:take]
+            tokens = tokens[take:]
+            fill += take
             if fill == shard_size:
                 flush()
                 fill = 0
@@ -169,14 +178,13 @@ def tokenize_to_shards(docs, enc, shard_size, shard_dir):
 
 def concatenate(shard_paths, out_path):
     """Stream the tokens of the shards, in order, into one flat uint16 file (temporary file, rename)."""
-    tmp, n = f"{out_path}.tmp{os.getpid()}", 0
-    with open(tmp, "wb") as f:
+    n = 0
+    with nanolap.atomic_write(out_path) as f:
         for path in shard_paths:
             tokens = read_shard(path)
             for i in range(0, len(tokens), 1 << 24):
                 f.write(tokens[i:i + (1 << 24)].tobytes())
             n += len(tokens)
-    os.replace(tmp, out_path)
     return n
 
 
