@@ -142,11 +142,12 @@ def equal_configs():
     return {"vit": (vit, 8), "gpt": (gpt, 4)}  # config, batch
 
 
-def part_equal(device="cuda", configs=None):
+def part_equal(device="cuda", configs=None, cases=None):
+    """cases: (dtype, SDPA backend) pairs of the attention graph (FlashAttention runs in half precision only)."""
     from torch.nn.attention import SDPBackend
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 here (the scripts allow TF32)
-    cases = [(torch.float32, SDPBackend.EFFICIENT_ATTENTION), (torch.bfloat16, SDPBackend.FLASH_ATTENTION),
-             (torch.bfloat16, SDPBackend.EFFICIENT_ATTENTION)]
+    cases = cases or [(torch.float32, SDPBackend.EFFICIENT_ATTENTION), (torch.bfloat16, SDPBackend.FLASH_ATTENTION),
+                      (torch.bfloat16, SDPBackend.EFFICIENT_ATTENTION)]
     rows = []
     for kind, (cfg, batch) in (configs or equal_configs()).items():
         for graph in ("attention", "uniform"):
@@ -336,28 +337,38 @@ def peak_memory(lines):
     return next((float(m.group(1)) for m in reversed(found) if m), None)
 
 
-def part_scripts(device="cuda", out="out-gpu-check", runs=None, timeout=180):
+def failed_run(part, name, code, lines):
+    """The row of a run that ended badly or without a RESULT line, or None."""
+    if code == 0 and result_of(lines):
+        return None
+    return row(part, f"{name}: runs", "timed out" if code is None else f"exit {code}: {tail(lines)}", "exit 0, RESULT", False)
+
+
+def script_rows(name, per_step, unit, flops_per_step, peak, code, lines):
+    """The rows of one timed run from its output: RESULT with finite losses; steps/s, images or tokens/s and MFU;
+    compile and warm-up time and peak GPU memory."""
+    failed = failed_run("scripts", name, code, lines)
+    if failed:
+        return [failed]
+    result = result_of(lines)
+    rate, compile_s = timing(lines)
+    memory = peak_memory(lines)
+    mfu = f"{flops_per_step * rate / peak:.1%}" if peak and rate else "-"
+    losses = [float(v) for k, v in result.items() if "loss" in k]
+    shown = " ".join(f"{k}={v}" for k, v in result.items() if k in ("steps", "seconds", "val_acc", "val_bpb", "knn_acc"))
+    speed = f"{rate:.2f} | {rate * per_step:,.0f} | {mfu}" if rate else "too few progress lines"
+    setup = f"{compile_s:.0f} | {'-' if memory is None else memory}" if compile_s is not None else "-"
+    return [row("scripts", f"{name}: RESULT, finite losses", shown, "finite", losses and all(map(math.isfinite, losses))),
+            row("scripts", f"{name}: steps/s | {unit}/s | mfu", speed, "", rate is not None,
+                f"{name.split()[0]}_{unit}_per_s", f"{rate * per_step:.0f}" if rate else "none"),
+            row("scripts", f"{name}: compile+warm-up s | peak GiB", setup)]
+
+
+def part_scripts(device="cuda", out="out-gpu-check", timeout=180):
     rows, peak = [], peak_flops(device)
-    for name, (script, options, colour, per_step, unit, flops_per_step) in (runs or script_runs(device, out)).items():
+    for name, (script, options, colour, per_step, unit, flops_per_step) in script_runs(device, out).items():
         code, lines = run_command(timed_command(script, options, colour), timeout)
-        result = result_of(lines)
-        if code != 0 or not result:
-            rows.append(row("scripts", f"{name}: runs", "timed out" if code is None else f"exit {code}: {tail(lines)}",
-                            "exit 0, RESULT", False))
-            continue
-        rate, compile_s = timing(lines)
-        memory = peak_memory(lines)
-        mfu = f"{flops_per_step * rate / peak:.1%}" if peak and rate else "-"
-        losses = [float(v) for k, v in result.items() if "loss" in k]
-        rows.append(row("scripts", f"{name}: RESULT, finite losses", " ".join(f"{k}={v}" for k, v in result.items()
-                        if k in ("steps", "val_acc", "val_loss", "val_bpb", "knn_acc", "seconds")),
-                        "finite", all(map(math.isfinite, losses))))
-        short = script.split("_")[1].split(".")[0]
-        rows.append(row("scripts", f"{name}: steps/s | {unit}/s | mfu", f"{rate:.2f} | {rate * per_step:,.0f} | {mfu}"
-                        if rate else "too few progress lines", "", rate is not None, f"{short}_{unit}_per_s",
-                        f"{rate * per_step:.0f}" if rate else "none"))
-        rows.append(row("scripts", f"{name}: compile+warm-up s | peak GiB",
-                        f"{compile_s:.0f} | {memory if memory is not None else '-'}" if compile_s is not None else "-"))
+        rows += script_rows(name, per_step, unit, flops_per_step, peak, code, lines)
     return rows
 
 
@@ -368,17 +379,24 @@ def seed_band(values=CPU_DEFAULT_VAL_ACC, k=3):
     return mean - k * sd, mean + k * sd
 
 
-def part_default(device="cuda", out="out-gpu-check", extra=(), timeout=300):
-    cmd = [sys.executable, "train_vit.py", f"--device={device}", "--batch_size=256", f"--out_dir={out}/vit-default", *extra]
-    code, lines = run_command(cmd, timeout)
+def default_command(device="cuda", out="out-gpu-check"):
+    return [sys.executable, "train_vit.py", f"--device={device}", "--batch_size=256", f"--out_dir={out}/vit-default"]
+
+
+def default_row(code, lines):
+    """The default recipe's accuracy against the CPU seeds' band."""
+    failed = failed_run("default", "train_vit.py --batch_size=256", code, lines)
+    if failed:
+        return failed
     result = result_of(lines)
-    if code != 0 or "val_acc" not in result:
-        return [row("default", "python train_vit.py --device=cuda --batch_size=256",
-                    "timed out" if code is None else f"exit {code}: {tail(lines)}", "exit 0, RESULT", False)]
     low, high = seed_band()
     acc = float(result["val_acc"])
-    return [row("default", f"train_vit.py default to the end ({result.get('seconds', '?')} s)", f"val_acc {acc:.4f}",
-                f"{low:.4f}..{high:.4f}", low <= acc <= high, "vit_default_val_acc", f"{acc:.4f}")]
+    return row("default", f"train_vit.py default to the end ({result.get('seconds', '?')} s)", f"val_acc {acc:.4f}",
+               f"{low:.4f}..{high:.4f}", low <= acc <= high, "vit_default_val_acc", f"{acc:.4f}")
+
+
+def part_default(out="out-gpu-check", timeout=300):
+    return [default_row(*run_command(default_command("cuda", out), timeout))]
 
 
 # ---- torchrun: the NCCL path --------------------------------------------------
@@ -396,17 +414,20 @@ def checksums(lines):
     return dict(m.groups() for _, text in lines for m in [re.search(r"rank (\d+)/\d+ param_checksum=(\S+)", text)] if m)
 
 
+def torchrun_row(name, nprocs, code, lines):
+    """A torchrun run: exit 0 and a RESULT line; with several processes, one checksum for all ranks."""
+    failed = failed_run("torchrun", f"{name} torchrun --nproc_per_node={nprocs}", code, lines)
+    if failed:
+        return failed
+    distinct = set(checksums(lines).values())
+    ok = nprocs == 1 or (len(checksums(lines)) == nprocs and len(distinct) == 1)
+    return row("torchrun", f"{name}: torchrun --nproc_per_node={nprocs}", f"RESULT, {len(distinct)} distinct checksum(s)",
+               "exit 0" + (", 1 checksum" if nprocs > 1 else ""), ok)
+
+
 def part_torchrun(out="out-gpu-check", timeout=150):
     nprocs = min(2, torch.cuda.device_count())
-    rows = []
-    for name, cmd in torchrun_commands(nprocs, out).items():
-        code, lines = run_command(cmd, timeout)
-        sums = checksums(lines)
-        ok = code == 0 and bool(result_of(lines)) and (nprocs == 1 or (len(sums) == nprocs and len(set(sums.values())) == 1))
-        value = f"exit {code}, RESULT" + (f", {len(set(sums.values()))} distinct checksum(s)" if nprocs > 1 else "")
-        rows.append(row("torchrun", f"{name}: torchrun --nproc_per_node={nprocs}", value if ok else f"{value}: {tail(lines)}",
-                        "exit 0" + (", equal checksums" if nprocs > 1 else ""), ok))
-    return rows
+    return [torchrun_row(name, nprocs, *run_command(cmd, timeout)) for name, cmd in torchrun_commands(nprocs, out).items()]
 
 
 # ---- tests: the CUDA-only tests ---------------------------------------------

@@ -1,0 +1,316 @@
+"""
+The branches that only a GPU runs today, run on the CPU: every script compiled (inductor on the CPU) and under
+bfloat16 CPU autocast, float16 with its gradient scaler, compiled models against eager ones for every head layout,
+the FLOP count behind MFU against torch's counter, the GPU peak table's name matching, and the parts of
+tests/gpu_check.py that a CPU can run (its comparisons, its run set-up and its output parsing).
+
+    python -m pytest -q -m slow tests/test_compiled.py
+
+The eight script runs go two at a time (two cores); the model tests compile in this process meanwhile.
+"""
+
+import ast
+import glob
+import importlib.util
+import math
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import gpu_check
+import nanolap
+from nanolap import build_model, load_checkpoint, make_config
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+
+# a few steps of each script, on top of the options of the run under test (later options win)
+TINY = {
+    "vit": ["--device=cpu", "--cpu_procs=1", "--dataset=synthetic", "--train_subset=128", "--val_subset=64",
+            "--batch_size=32", "--epochs=1", "--warmup_epochs=0.5", "--n_layer=2", "--n_embd=32", "--n_head=2",
+            "--n_lap=[0,2]", "--log_interval=1"],
+    "gpt": ["--device=cpu", "--dataset=tiny", "--n_layer=2", "--n_embd=32", "--n_head=2", "--n_lap=[1,2]",
+            "--block_size=32", "--batch_size=4", "--max_iters=4", "--eval_interval=4", "--eval_iters=2",
+            "--log_interval=1", "--max_new_tokens=0"],
+    "dino": ["--device=cpu", "--cpu_procs=1", "--dataset=synthetic", "--n_layer=2", "--n_embd=32", "--n_head=2",
+             "--n_lap=[0,2]", "--out_dim=64", "--head_hidden=32", "--head_bottleneck=16", "--train_limit=128",
+             "--batch_size=32", "--epochs=1", "--eval_train=128", "--eval_val=64", "--probe_steps=5",
+             "--seg_dataset=none", "--log_interval=1", "--eval_interval=100"],
+}
+
+
+def char_dataset(root):
+    """data_dir with a 'tiny' character dataset made by data/shakespeare_char/prepare.py's prepare()."""
+    spec = importlib.util.spec_from_file_location("prepare_char", os.path.join(ROOT, "data/shakespeare_char/prepare.py"))
+    prepare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare)
+    corpus = "".join(f"KING {i % 7}:\nthe crown, the night; my lord {i % 13} loves thee.\n\n" for i in range(3000))
+    prepare.prepare(corpus, os.path.join(root, "tiny"), "test text")
+    return root
+
+
+def script_commands(tmp):
+    """name -> command of every script run, all of them on the CPU. The compiled runs are gpu_check.py's own
+    runs (its options, its child process, its colour images) with the tiny sizes on top, in float32; the bfloat16
+    runs of the ViT and the GPT are gpu_check.py's default-recipe and torchrun commands."""
+    data = [f"--data_dir={char_dataset(str(tmp / 'data'))}"]
+    commands = {}
+    for name, (script, options, colour, *_) in gpu_check.script_runs("cpu", str(tmp)).items():
+        kind = script[6:-3]  # train_vit.py -> vit
+        extra = TINY[kind] + (data if kind == "gpt" else []) + ["--dtype=float32", f"--out_dir={tmp / ('compiled-' + kind)}"]
+        if kind == "dino":  # two crop sizes: the compiled backbone sees both
+            extra += ["--local_crops=2", "--local_size=14"]
+        commands[f"compiled {kind}"] = gpu_check.timed_command(script, options + extra, colour and 256)
+    bf16 = ["--dtype=bfloat16"]
+    commands["bfloat16 vit"] = gpu_check.default_command("cpu", str(tmp)) + TINY["vit"] + bf16
+    commands["bfloat16 gpt"] = gpu_check.torchrun_commands(1, str(tmp))["gpt"] + TINY["gpt"] + data + bf16
+    commands["bfloat16 dino"] = [sys.executable, "train_dino.py", *TINY["dino"], *bf16, f"--out_dir={tmp / 'bf16-dino'}"]
+    for kind in ("vit", "dino"):  # train_gpt.py refuses float16: it has no gradient scaler
+        commands[f"float16 {kind}"] = [sys.executable, f"train_{kind}.py", *TINY[kind], "--dtype=float16",
+                                       f"--out_dir={tmp / ('fp16-' + kind)}"]
+    return commands
+
+
+@pytest.fixture(scope="module")
+def script_run(tmp_path_factory):
+    """name -> (return code, timed output lines, out_dir) of a run; all of them run two at a time, started when
+    the first is asked for."""
+    tmp = tmp_path_factory.mktemp("runs")
+    commands = script_commands(tmp)
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures = {name: pool.submit(gpu_check.run_command, cmd, 600, ENV) for name, cmd in commands.items()}
+
+    def get(name):
+        code, lines = futures[name].result()
+        out = next(a.split("=", 1)[1] for a in reversed(commands[name]) if a.startswith("--out_dir="))
+        assert code == 0, f"{name} failed ({code}):\n" + "\n".join(text for _, text in lines[-25:])
+        return code, lines, out
+
+    yield get
+    pool.shutdown(wait=True)
+
+
+def losses(lines):
+    result = gpu_check.result_of(lines)
+    return [float(v) for k, v in result.items() if "loss" in k]
+
+
+@pytest.mark.parametrize("kind", ["vit", "gpt", "dino"])
+def test_each_script_compiled_on_the_cpu_through_gpu_checks_run_set_up(script_run, kind):
+    code, lines, out = script_run(f"compiled {kind}")
+    assert losses(lines) and all(map(math.isfinite, losses(lines)))
+    assert len(gpu_check.progress(lines)) >= 3 and gpu_check.peak_memory(lines) is None  # no CUDA: no memory line
+    rows = gpu_check.script_rows(f"{kind} tiny", 32, "img", 1e9, None, code, lines)  # gpu_check's rows of this run
+    assert [r["ok"] for r in rows] == [True] * 3 and rows[1]["value"].endswith("| -")  # no peak FLOP/s: no MFU
+    rate, compile_s = gpu_check.timing(lines)
+    assert rate > 0 and compile_s is not None
+    if kind == "vit":  # gpu_check's colour images reached the script, and config/vit_cifar10.py's recipe ran
+        assert any("3x32x32" in text for _, text in lines) and any("mixup" in text and "0.8" in text for _, text in lines)
+
+
+@pytest.mark.parametrize("kind", ["vit", "gpt", "dino"])
+def test_each_script_under_bfloat16_cpu_autocast(script_run, kind):
+    code, lines, out = script_run(f"bfloat16 {kind}")
+    assert losses(lines) and all(map(math.isfinite, losses(lines)))
+    if kind == "gpt":  # through gpu_check's torchrun command (one process: gloo on a CPU)
+        assert any("bfloat16 autocast" in text for _, text in lines) and gpu_check.torchrun_row("gpt", 1, code, lines)["ok"]
+    else:
+        assert load_checkpoint(os.path.join(out, "ckpt.pt"))["config"]["dtype"] == "bfloat16"
+    if kind == "vit":  # through gpu_check's default-recipe command: its row judges the accuracy by the CPU seeds
+        row = gpu_check.default_row(code, lines)
+        low, high = gpu_check.seed_band()
+        assert row["number"] == gpu_check.result_of(lines)["val_acc"] and row["ok"] == (low <= float(row["number"]) <= high)
+
+
+@pytest.mark.parametrize("kind", ["vit", "dino"])
+def test_float16_trains_with_its_gradient_scaler(script_run, kind):
+    code, lines, out = script_run(f"float16 {kind}")
+    assert losses(lines) and all(map(math.isfinite, losses(lines)))
+    scaler = load_checkpoint(os.path.join(out, "ckpt.pt"))["scaler"]
+    assert scaler.get("scale", 0) > 0  # a disabled GradScaler saves an empty state
+
+
+# ---- compiled models against eager ones -------------------------------------
+LAYOUTS = {  # three layers of two heads: no, some and all heads Laplacian (the per-layer list holds every layout)
+    "vit attention": make_config("vit-tiny", n_layer=3, n_embd=32, n_head=2, n_lap=[0, 1, 2]),
+    "vit uniform": make_config("vit-tiny", n_layer=3, n_embd=32, n_head=2, n_lap=[0, 1, 2], graph="uniform"),
+    "gpt attention": make_config("gpt-tiny", n_layer=3, n_embd=32, n_head=2, n_lap=[0, 1, 2], vocab_size=50,
+                                 block_size=32),
+    "gpt uniform": make_config("gpt-tiny", n_layer=3, n_embd=32, n_head=2, n_lap=[0, 1, 2], vocab_size=50,
+                               block_size=32, graph="uniform"),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_compiled_model_equals_eager_in_logits_and_gradients(name):
+    """torch.compile(fullgraph=True) against eager in float32. Tolerance: inductor fuses and reorders the float32
+    sums (1e-7 relative per operation; we measured up to about 1e-6 here), so rtol=1e-4 and atol=1e-5 leave room
+    while a wrong head (P V for V - P V) moves values by about 1e-1."""
+    cfg = LAYOUTS[name]
+    torch.manual_seed(0)
+    model = gpu_check.randomise(build_model(cfg)).eval()
+    compiled = torch.compile(model, fullgraph=True)  # raises on any graph break
+    x = gpu_check.model_input(cfg, 2, T=32)
+    results = []
+    for m in (model, compiled):
+        model.zero_grad(set_to_none=True)
+        logits = m(x)
+        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+        results.append((logits.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (eager, eager_grads), (fused, fused_grads) = results
+    torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-5)
+    for k in eager_grads:
+        torch.testing.assert_close(fused_grads[k], eager_grads[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+# ---- MFU: flops_per_token against a FLOP counter ------------------------------
+def counted_flops(cfg, batch, T):
+    """FLOPs of one forward and backward pass as torch.utils.flop_counter counts them, on the meta device (shapes
+    only, no arithmetic). The counter knows the matmuls, convolutions and the CUDA SDPA kernels; SDPA's math
+    backend spells attention as matmuls, so that it is counted on a CPU too."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    x = gpu_check.model_input(cfg, batch, T).to("meta")
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        loss = model(x, x)[1] if cfg.model == "gpt" else model(x).float().square().mean()
+        loss.backward()
+    return counter.get_total_flops(), model.flops_per_token(T) * T * batch
+
+
+GPT_D12 = dict(n_layer=12, n_embd=768, n_head=6, vocab_size=65536, block_size=1024)
+
+
+@pytest.mark.parametrize("cfg, T", [
+    (make_config("gpt-d20", **GPT_D12, n_lap=[0, 2, 4, 6] * 3), 1024),
+    (make_config("gpt-d20", **GPT_D12, graph="uniform"), 1024),
+    (make_config("gpt-tiny", vocab_size=65, n_lap=2), 128),
+], ids=["gpt-d12", "gpt-d12-uniform", "gpt-tiny"])
+def test_gpt_flops_per_token_equals_the_counted_flops(cfg, T):
+    """GPT: every parameter but the token table sits in a bias-free matmul (6 FLOPs per parameter and token:
+    2 forward, 4 backward) and attention is 12 * d * T per layer and token; the counter leaves out only elementwise
+    work (norms, RoPE, softmax, V - P V), which flops_per_token leaves out too: equal to 0.1%."""
+    counted, formula = counted_flops(cfg, 2, T)
+    assert counted == pytest.approx(formula, rel=1e-3)
+
+
+@pytest.mark.parametrize("cfg, T", [
+    (make_config("vit-s", num_classes=1000, n_lap=3), 197),
+    (make_config("vit-small", num_classes=10, n_lap=6), 65),
+    (make_config("vit-cpu", n_lap=4), 17),
+    (make_config("vit-cpu", n_lap=4, graph="uniform"), 17),
+], ids=["vit-s16", "vit-small", "vit-cpu", "vit-cpu-uniform"])
+def test_vit_flops_per_token_is_the_counted_flops_plus_its_non_matmul_parameters(cfg, T):
+    """ViT: 6N also counts parameters that do no matmul work per token (biases, LayerNorms, position embedding,
+    CLS token), the head once per token instead of once per image, and the patch embedding's input gradient, which
+    images do not need. So the formula is an upper bound, over by 1.1% (ViT-S/16) to 3.1% (vit-cpu, d 64): within 4%."""
+    counted, formula = counted_flops(cfg, 2, T)
+    assert counted <= formula <= 1.04 * counted
+
+
+# ---- the GPU peak table -------------------------------------------------------
+@pytest.mark.parametrize("name, peak", [  # strings as torch.cuda.get_device_name() returns them
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA GH200 480GB", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100-SXM4-40GB", 312e12), ("NVIDIA A100-PCIE-40GB", 312e12),
+    ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA A10", 125e12), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
+    ("NVIDIA L40", 181e12), ("Tesla T4", 65e12), ("Tesla V100-SXM2-32GB", 125e12),
+    ("NVIDIA GeForce RTX 4090", 165e12), ("NVIDIA GeForce RTX 3090", 71e12), ("NVIDIA GeForce RTX 3090 Ti", 80e12),
+    ("NVIDIA GeForce RTX 4080", 97.5e12), ("NVIDIA GeForce RTX 3080", 59.5e12), ("NVIDIA RTX A6000", 155e12),
+    # unknown, or another chip under a similar name: no MFU rather than a wrong one
+    ("NVIDIA A10G", None), ("NVIDIA GeForce RTX 4090 Laptop GPU", None), ("NVIDIA GeForce RTX 4090 D", None),
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA GeForce GTX 1080 Ti", None), ("Radeon RX 7900 XTX", None),
+])
+def test_peak_flops_by_gpu_name(name, peak):
+    got = nanolap.peak_flops("cuda", name=name)
+    assert got == (pytest.approx(peak, rel=0.01) if peak else None)
+
+
+def test_peak_flops_of_a_cpu_is_none():
+    assert nanolap.peak_flops("cpu") is None
+
+
+# ---- the rest of gpu_check.py on the CPU -------------------------------------
+def test_gpu_check_refuses_without_cuda_in_one_line():
+    done = subprocess.run([sys.executable, "tests/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, **ENV), timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("gpu_check.py needs a CUDA GPU")
+
+
+def tiny_configs():
+    return {kind: (LAYOUTS[f"{kind} attention"], 2) for kind in ("vit", "gpt")}
+
+
+def test_gpu_checks_fused_against_explicit_on_the_cpu():
+    """The CPU has SDPA's FlashAttention and math kernels, not the memory-efficient one: a row that asks for a kernel
+    that cannot run fails instead of running on another."""
+    rows = gpu_check.part_equal("cpu", tiny_configs(), [(torch.float32, SDPBackend.FLASH_ATTENTION),
+                                                        (torch.bfloat16, SDPBackend.FLASH_ATTENTION),
+                                                        (torch.float32, SDPBackend.EFFICIENT_ATTENTION)])
+    assert len(rows) == 2 * (3 + 2)  # per model: three attention rows, two uniform rows
+    assert [r["ok"] for r in rows if "efficient" in r["check"]] == [False, False]
+    assert all(r["ok"] for r in rows if "efficient" not in r["check"]), rows
+
+
+def test_gpu_checks_lap_cost_on_the_cpu():
+    cfg = LAYOUTS["gpt attention"]
+    rows = gpu_check.part_cost("cpu", {"tiny gpt": (cfg, gpu_check.model_input(cfg, 2, 32))}, rounds=1, repeats=1,
+                               amp_dtype=torch.float32)
+    assert [r["key"] for r in rows] == ["lap_cost_gpt_eager", "lap_cost_gpt_compiled"]
+    assert all(0 < float(r["number"]) < 100 for r in rows)  # a ratio of two timings (no timing claim on a busy CPU)
+
+
+def test_timing_reads_the_steady_rate_and_the_compile_time():
+    lines = [(0.0, "config: ..."), (1.0, "schedule: global batch 512"), (31.0, "epoch 1/2 step 10/40 | loss 2.3"),
+             (32.0, "epoch 1/2 step 20/40 | loss 2.2"), (33.0, "eval epoch 1: val_acc 0.5"),
+             (40.0, "epoch 2/2 step 30/40 | loss 2.1"), (41.0, "epoch 2/2 step 40/40 | loss 2.0"),
+             (41.5, "RESULT n_lap=6 steps=40 val_loss=2.0")]
+    rate, compile_s = gpu_check.timing(lines)
+    assert rate == 10.0  # the interval across the evaluation is left out
+    assert compile_s == pytest.approx(31.0 - 1.0 - 10 / 10.0)
+    assert gpu_check.result_of(lines) == dict(n_lap="6", steps="40", val_loss="2.0")
+    assert gpu_check.timing(lines[:3]) == (None, None)
+
+
+def test_colour_images_are_a_learnable_colour_set():
+    data = gpu_check.colour_images(200, 50)
+    (x, y), (vx, vy) = data["train"], data["val"]
+    assert x.shape == (200, 3, 32, 32) and x.dtype == torch.uint8 and vx.shape == (50, 3, 32, 32)
+    assert len(data["mean"]) == 3 and data["num_classes"] == 10 and set(y.tolist()) == set(range(10))
+    means = torch.stack([x[y == k].float().mean(0) for k in range(10)])  # (10, 3, 32, 32): one mean image per class
+    assert torch.cdist(means.flatten(1), means.flatten(1)).add(torch.eye(10) * 1e9).min() > 100  # classes differ
+
+
+def test_seed_band_holds_the_cpu_seeds():
+    low, high = gpu_check.seed_band()
+    assert all(low <= a <= high for a in gpu_check.CPU_DEFAULT_VAL_ACC)
+    assert 0.88 < low < 0.8956 and 0.9015 < high < 0.92
+
+
+def test_gpu_check_runs_every_cuda_only_test():
+    """Every test that skips without CUDA is in gpu_check.CUDA_TESTS."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
+        for node in ast.parse(open(path).read()).body:
+            marks = [ast.unparse(d) for d in getattr(node, "decorator_list", [])]
+            if any(re.search(r"skipif\(not torch\.cuda\.is_available\(\)", m) for m in marks):
+                found.append(f"tests/{os.path.basename(path)}::{node.name}")
+    assert found and sorted(found) == sorted(gpu_check.CUDA_TESTS)
+
+
+def test_table_and_torchrun_commands():
+    rows = [gpu_check.row("equal", "vit", "logits 1e-07", "1e-04", True), gpu_check.row("cost", "gpt", "1.5", "<= 1.1", False)]
+    gpu_check.print_table(rows)
+    commands = gpu_check.torchrun_commands(2, "out")
+    assert all("--nproc_per_node=2" in c and "--standalone" in c for c in commands.values())
+    assert gpu_check.checksums([(0.0, "rank 0/2 param_checksum=1.0e+00"), (0.1, "rank 1/2 param_checksum=1.0e+00")]) == {
+        "0": "1.0e+00", "1": "1.0e+00"}
