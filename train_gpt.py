@@ -19,9 +19,12 @@ blocks (q, k and v each on its own), AdamW for the embedding and the lm_head; or
 Evaluation every eval_interval steps on fixed windows of the validation split: the loss (nats per token) and
 the bits per byte, which compares models across tokenizers (see evaluate). One JSON line per evaluation in
 out_dir/log.jsonl; the checkpoint out_dir/ckpt.pt is written atomically after each evaluation. Exact resume:
-a step's batch and dropout masks are pure functions of (seed, step, process), so `--resume` continues exactly
-as the uninterrupted run would have (on CPU to the last bit); the checkpoint's options are the base and the
-command line goes on top, but the schedule cannot change (that would not continue the run). Data: data/text.py.
+a step's batch is a function of (seed, step) alone, however processes and micro-steps split it (see train_batch),
+and its dropout masks of (seed, step, process), so `--resume` continues exactly as the uninterrupted run would
+have (on CPU to the last bit); the checkpoint's options are the base and the command line goes on top, but the
+schedule cannot change (that would not continue the run). Data: data/text.py.
+On a CPU without torchrun, cpu_procs single-threaded processes train data-parallel, as the ViT and DINO do: the
+global batch is batch_size * cpu_procs sequences (16); --cpu_procs=1 --batch_size=16 --eval_iters=20 is the same run.
 """
 
 import json
@@ -45,7 +48,7 @@ from data import text
 # I/O
 out_dir = "out-gpt"  # ckpt.pt, log.jsonl and result.txt go here
 eval_interval = 250  # steps between evaluations and checkpoints; each evaluation costs 2 x eval_iters batches
-eval_iters = 20  # batches per evaluation of each split (fixed windows, so evaluations compare exactly)
+eval_iters = 40  # eval_iters * batch_size windows per split and evaluation, shared by the processes (fixed windows)
 log_interval = 25  # steps between progress lines
 resume = False  # continue out_dir/ckpt.pt exactly: its options are the base, the command line goes on top
 stop_at_step = 0  # stop with a checkpoint after this step, as if interrupted (the schedule still spans the whole run); 0 = never
@@ -53,7 +56,7 @@ stop_at_step = 0  # stop with a checkpoint after this step, as if interrupted (t
 dataset = "shakespeare_char"  # data/<dataset>/{train,val}.bin and meta.json, made by data/<dataset>/prepare.py
 data_dir = "data"  # the folder that holds the dataset folders
 block_size = 128  # context length in tokens, also the model's (its rotary embeddings end there)
-batch_size = 16  # sequences per forward/backward and process; lower it when memory runs out
+batch_size = 8  # sequences per forward/backward and process; lower it when memory runs out
 total_batch_size = 0  # tokens per optimiser step over all processes (gradient accumulation); 0 = one batch each
 # model: a nanolap preset; None keeps the preset's value
 preset = "gpt-tiny"  # gpt-tiny (the CPU model), gpt-small, gpt-d20 (the paper's 561M model)
@@ -81,7 +84,7 @@ final_lr_frac = 0.0  # ... to this fraction of the peak learning rate
 device = "auto"  # auto = cuda (torchrun: one GPU per process), else mps, else cpu; or cpu, cuda, cuda:N, mps
 dtype = "auto"  # auto = bfloat16 autocast on CUDA, float32 elsewhere; float16 is refused (no gradient scaler)
 compile_model = False  # torch.compile the model for training: faster on GPUs after a minute of compiling
-cpu_procs = 1  # data-parallel single-threaded processes on a CPU without torchrun (the batch grows with them)
+cpu_procs = 2  # CPU without torchrun: data-parallel single-threaded processes (the batch grows with them); 1 = this one
 seed = 1337  # the initial weights, the batches, dropout and the samples are functions of it
 # sampling: at the end of training, or only from a checkpoint with --sample_from
 sample_from = ""  # path of a ckpt.pt: sample from it and exit (no training, no data needed)
@@ -114,6 +117,12 @@ def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, devi
         torch.distributed.all_reduce(sums)
     nats, count, text_nats, nbytes = sums.tolist()
     return nats / count, text_nats / (math.log(2) * nbytes) if nbytes else float("nan")
+
+def train_batch(tokens, seed, step, chunk, batch_size, block_size, device):
+    """Chunk `chunk` (batch_size sequences) of step `step`'s global batch, cut from the step's one stream of random
+    windows (text.get_batch's index 0): 1 process x 16 sequences, 2 x 8 and 2 micro-steps x 8 train on the same."""
+    x, y = text.get_batch(tokens, seed, step, 0, (chunk + 1) * batch_size, block_size, "cpu")  # ((chunk + 1) * B, T)
+    return x[chunk * batch_size:].to(device), y[chunk * batch_size:].to(device)  # (B, T)
 
 def orthogonalize(G, steps=5, eps=1e-7):
     """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, for each
@@ -351,7 +360,7 @@ if __name__ == "__main__":
                     group["momentum"] = get_muon_momentum(step)
         loss_step = torch.zeros((), device=device)
         for micro in range(grad_accum):
-            x, y = text.get_batch(train_tokens, seed, step, micro * world + rank, batch_size, block_size, device)
+            x, y = train_batch(train_tokens, seed, step, micro * world + rank, batch_size, block_size, device)
             sync = micro == grad_accum - 1 or world == 1  # DDP all-reduces the gradients once per step
             with nullcontext() if sync else model.no_sync():
                 with amp:

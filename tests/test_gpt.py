@@ -29,7 +29,7 @@ from nanolap import Config, UsageError, build_model, load_checkpoint, make_confi
 
 SCRIPT = os.path.join(ROOT, "train_gpt.py")
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--max_new_tokens=20", "--device=cpu"]
+        "--log_interval=1", "--max_new_tokens=20", "--device=cpu", "--cpu_procs=1"]  # one process unless a test asks
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
 
 
@@ -140,6 +140,17 @@ def test_get_batch_is_a_function_of_seed_step_and_index(data_dir):
     assert torch.equal(text.get_batch(tokens, 1, 5, 0, 4, 16, "cpu")[0], x)
     assert not torch.equal(text.get_batch(tokens, 1, 6, 0, 4, 16, "cpu")[0], x)
     assert not torch.equal(text.get_batch(tokens, 1, 5, 1, 4, 16, "cpu")[0], x)
+
+
+def test_the_global_batch_does_not_depend_on_its_split(data_dir):
+    """2 processes x 8 sequences = 2 micro-steps x 8 = 1 x 16 = text.get_batch's index 0 (the 1-process default
+    before the GPT moved to 2 processes): the windows are a function of (seed, step) and their place in the batch."""
+    tokens = text.load_tokens(data_dir, "tiny", "train")
+    whole = text.get_batch(tokens, 7, 3, 0, 16, 32, "cpu")
+    for chunks in (2, 4):  # 2 x 8 and 4 x 4 (2 processes x 2 micro-steps)
+        parts = [train_gpt.train_batch(tokens, 7, 3, c, 16 // chunks, 32, "cpu") for c in range(chunks)]
+        assert torch.equal(torch.cat([x for x, _ in parts]), whole[0]) and torch.equal(torch.cat([y for _, y in parts]), whole[1])
+    assert not torch.equal(train_gpt.train_batch(tokens, 7, 4, 0, 8, 32, "cpu")[0], whole[0][:8])  # the next step differs
 
 
 def test_strip_gutenberg():
@@ -369,7 +380,7 @@ def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
 ])
 def test_bad_input_messages(args, message, data_dir, tmp_path):
     with pytest.raises((UsageError, FileNotFoundError), match=re.escape(message)):  # one line `error: ...` in a shell
-        train([f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={tmp_path}", "--device=cpu"] + args)
+        train([f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={tmp_path}", "--device=cpu", "--cpu_procs=1"] + args)
 
 # -----------------------------------------------------------------------------
 # slow tier: resume, processes, checkpoints, subprocess errors, the prepare commands
@@ -427,11 +438,13 @@ def test_torchrun_and_cpu_processes_match_one_process(data_dir, tmp_path):
     spawned = run(args + [f"--out_dir={tmp_path / 'procs'}", "--cpu_procs=2"])  # the same, without torchrun
     assert spawned.returncode == 0, spawned.stderr[-3000:]
     assert param_checksums(spawned.stdout) == sums, spawned.stdout + spawned.stderr
-    single = run(args + [f"--out_dir={tmp_path / 'one'}"])  # the same 256 tokens as 2 micro-steps
+    single = run(args + [f"--out_dir={tmp_path / 'one'}", "--batch_size=8", "--eval_iters=1"])  # the same tokens, 1 process
     assert single.returncode == 0, single.stderr[-3000:]
-    assert "x 1 process(es) x 2 micro-step(s)" in single.stdout
-    r2, r1 = result_line(ddp.stdout), result_line(single.stdout)
-    assert abs(float(r2["val_loss"]) - float(r1["val_loss"])) < 2e-3
+    assert "8 x 32 tokens x 1 process(es) x 1 micro-step(s)" in single.stdout
+    r2, r1 = result_line(ddp.stdout), result_line(single.stdout)  # the same windows: equal up to the float sums' order
+    assert abs(float(r2["val_loss"]) - float(r1["val_loss"])) < 2e-4, (r1, r2)
+    losses = [re.findall(r"step \d+/4 \| loss (\d\.\d+)", p.stdout) for p in (ddp, single)]
+    assert len(losses[0]) == 4 and all(abs(float(a) - float(b)) < 2e-4 for a, b in zip(*losses)), losses
 
 
 @pytest.mark.slow
