@@ -35,7 +35,7 @@ def command(kind, data_dir, *extra):
                     "--log_interval=1", "--max_new_tokens=0", f"--data_dir={data_dir}", "--dataset=tiny",
                     "--max_iters=8", "--eval_interval=4"],
             "dino": ["--dataset=synthetic", "--n_layer=2", "--n_embd=32", "--n_head=2", "--n_lap=1", "--out_dim=64",
-                     "--head_hidden=32", "--head_bottleneck=16", "--train_limit=128", "--batch_size=32",
+                     "--head_hidden=32", "--head_bottleneck=16", "--train_subset=128", "--batch_size=32",
                      "--eval_train=128", "--eval_val=64", "--probe_steps=5", "--seg_dataset=none", "--log_interval=1",
                      "--epochs=2.0", "--eval_interval=100"]}[kind]
     return [f"train_{kind}.py", "--device=cpu", "--cpu_procs=1", *tiny, *extra]
@@ -131,7 +131,7 @@ def test_killed_fresh_run_keeps_the_old_run_and_resume_does_not_continue_it(kind
     # after its first epoch (64 steps), gpt at its end (no evaluation in between), dino after its step-0 k-NN
     # (no progress line comes before it, so we wait for the data line)
     longer = {"vit": ["--train_subset=2048"], "gpt": ["--max_iters=500", "--eval_interval=1000"],
-              "dino": ["--train_limit=2048", "--eval_train=2048", "--eval_val=512"]}[kind]
+              "dino": ["--train_subset=2048", "--eval_train=2048", "--eval_val=512"]}[kind]
     first_line = re.compile(r"^backbone: " if kind == "dino" else PROGRESS.pattern, re.M)
     fresh = Background(command(kind, data_dir, *longer, f"--out_dir={out_dir}"))
     try:
