@@ -378,8 +378,8 @@ if __name__ == "__main__":
         mean = data["mean"]
         std = data["std"]
         K = data["num_classes"]
-        eval_sets = [images.load_eval_images(data, s, n, backbone.config.img_size, num_workers) for s, n in (("train", eval_train),
-                                                                                          ("val", eval_val))]
+        eval_sets = [images.load_eval_images(data, s, n, backbone.config.img_size, num_workers)
+                     for s, n in (("train", eval_train), ("val", eval_val))]
         seg_sets = None if seg_dataset == "none" else [
             images.load_segmentation(seg_dataset, trained["data_dir"], s, n, seg_size, backbone.config.in_chans)
             for s, n in (("train", seg_train), ("val", seg_val))]

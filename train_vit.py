@@ -271,8 +271,8 @@ if __name__ == "__main__":
 
     # ---- data: small datasets live on the device as uint8; folders are decoded by DataLoader workers
     if dataset == "imagefolder":
-        img_size = img_size or 224
-        train_set, val_set = images.imagefolder_datasets(data_dir, img_size, hflip, rand_augment, rand_magnitude,
+        resolution = img_size or 224  # the model's image side
+        train_set, val_set = images.imagefolder_datasets(data_dir, resolution, hflip, rand_augment, rand_magnitude,
                                                          simple_random_crop)
         # --train_subset/--val_subset: a fixed random subset (the folders are sorted by class)
         train_data = torch.utils.data.Subset(train_set, images.fixed_subset(len(train_set), train_subset).tolist())
@@ -290,7 +290,7 @@ if __name__ == "__main__":
         val_data = (val_x[:val_subset or None].to(device), val_y[:val_subset or None].to(device))
         n_train = len(train_data[1])
         n_val = len(val_data[1])
-        img_size = img_size or train_x.shape[-1]
+        resolution = img_size or train_x.shape[-1]  # the model's image side
         classes = data["classes"]
         in_chans = train_x.shape[1]
         mean = data["mean"]
@@ -307,7 +307,7 @@ if __name__ == "__main__":
     warmup_steps = round(warmup_epochs * steps_per_epoch)
 
     # ---- model and optimiser
-    model_config = nanolap.config_from_options(config, "vit", img_size=img_size, in_chans=in_chans,
+    model_config = nanolap.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
                                               num_classes=num_classes)
     torch.manual_seed(seed)  # the same initial weights in every process
     raw_model = nanolap.build_model(model_config).to(device)
@@ -338,7 +338,7 @@ if __name__ == "__main__":
     peak = nanolap.peak_flops(device)
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
-    print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{img_size}x{img_size}, "
+    print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{resolution}x{resolution}, "
            f"{num_classes} classes, on {device}, {world} process{'es' if world > 1 else ''}")
     print0(f"model: {preset} {model_config.n_layer} layers, d {model_config.n_embd}, {model_config.n_head} heads, "
            f"patch {model_config.patch_size} ({tokens} tokens), Laplacian heads per layer "
@@ -378,7 +378,7 @@ if __name__ == "__main__":
                 data_events[-1][0].record()
             x, y = next(batches)
             t_wait = time.time() - t0
-            x, y = augment_batch(x, y, img_size, mean, std, mixer, dataset != "imagefolder", crop_padding, hflip,
+            x, y = augment_batch(x, y, resolution, mean, std, mixer, dataset != "imagefolder", crop_padding, hflip,
                                  rand_augment, rand_magnitude, three_augment, color_jitter, random_erasing)
             if device_type == "cuda":
                 data_events[-1][1].record()
@@ -425,7 +425,7 @@ if __name__ == "__main__":
             batches = None
             t0 = time.time()
             val_acc, val_loss = evaluate(model, val_batches(val_data, 4 * batch_size, rank, world, device, num_workers),
-                                         img_size, mean, std, ctx, world)
+                                         resolution, mean, std, ctx, world)
             best_acc = max(best_acc, val_acc)
             print0(f"eval epoch {step // steps_per_epoch}: val_acc {val_acc:.4f} val_loss {val_loss:.4f} "
                    f"({time.time() - t0:.1f}s, {nanolap.format_time(time.time() - t_start)} elapsed)")
