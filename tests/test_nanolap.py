@@ -189,7 +189,7 @@ def test_uniform_graph_has_no_queries_or_keys_and_is_refused_where_it_cannot_app
     attention = build_model(make_config("vit-tiny"))
     uniform = build_model(make_config("vit-tiny", graph="uniform"))
     assert uniform.blocks[0].attn.qkv.out_features == 96 and isinstance(uniform.blocks[0].attn.q_norm, nn.Identity)
-    per_layer = 2 * 96 * 96 + 2 * 96 + 4 * 2 * 24  # the query and key rows and biases, and the two QK-norms
+    per_layer = 2 * 96 * 96 + 2 * 96 + 2 * 2 * 24  # the query and key rows and biases; the two QK-norms (gain, bias)
     assert attention.num_params() - uniform.num_params() == 4 * per_layer
     with pytest.raises(nanolap.UsageError, match="no attention probabilities to drop; set dropout=0"):
         make_config("gpt-tiny", graph="uniform", dropout=0.1)
