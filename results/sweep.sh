@@ -17,6 +17,7 @@
 # yet (the sets of the first sweep) are trained again for them, after the ladder; checkpoints are not committed.
 #
 #     TRAIN_ONLY=1 bash results/sweep.sh    # train only; run the plain command later to analyse and collect
+#     ANALYZE_ONLY=1 bash results/sweep.sh  # analyse and collect the runs trained so far, train nothing
 #     OUT=elsewhere bash results/sweep.sh   # checkpoints under elsewhere/<set>/ instead of out/sweep/<set>/
 #
 # Lengths are shorter than the scripts' CPU defaults so that the 47 runs fit in two hours of a 2-core machine:
@@ -29,7 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 JOBS=${JOBS:-2}
-export OUT=${OUT:-out/sweep} TRAIN_ONLY=${TRAIN_ONLY:-}
+export OUT=${OUT:-out/sweep} TRAIN_ONLY=${TRAIN_ONLY:-} ANALYZE_ONLY=${ANALYZE_ONLY:-}
 
 run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, its analyses, its artefacts
     local kind=$1 k=$2 s=$3 set=${4:-$1}; shift; shift; shift; shift || true
@@ -37,6 +38,7 @@ run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, i
     grep -qs '"heads"' "$dst/analysis.json" && return 0  # collected, with the per-head analysis
     mkdir -p "$OUT/$set"
     if [ ! -f "$out/result.txt" ]; then
+        [ -n "$ANALYZE_ONLY" ] && return 0
         case $kind in
             vit)  python train_vit.py --n_lap=$k --seed=$s --epochs=4 --cpu_procs=1 --batch_size=256 --out_dir=$out "$@" ;;
             gpt)  python train_gpt.py --n_lap=$k --seed=$s --max_iters=1000 --max_new_tokens=0 --out_dir=$out "$@" ;;
