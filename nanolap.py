@@ -808,8 +808,9 @@ def finished_run(config, step, total, option, longer):
     given = {k: v for k, v in config.items() if k not in ("resume", "out_dir", option) and v != _defaults.get(k)}
     new = {"out_dir": os.path.normpath(out_dir) + "-long", option: longer, **given}
     command = " ".join(["python", sys.argv[0]] + [shlex.quote(f"--{k}={_option_text(v)}") for k, v in new.items()])
-    print0(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train and leaves its files "
-           f"as they are. To train longer, start a new --out_dir with a longer --{option}: {command}")
+    if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every process gets here, before any process group
+        print(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train and leaves its "
+              f"files as they are. To train longer, start a new --out_dir with a longer --{option}: {command}", flush=True)
     teardown_distributed()
     sys.exit(0)
 
