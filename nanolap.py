@@ -635,6 +635,20 @@ def setup_distributed(device="auto"):
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return rank, local_rank, world, device
 
+def start_processes(out_dir, resume, cpu_procs, device):
+    """A training run's start, alike in every script: the first process prepares out_dir (a bad one fails once,
+    before any other process starts), a CPU run launches its cpu_procs processes, each joins the process group,
+    and on CUDA float32 matmuls run in TF32 (bfloat16 autocast covers most of them anyway).
+    Returns (rank, local_rank, world, device)."""
+    if os.environ.get("RANK", "0") == "0":
+        prepare_out_dir(out_dir, resume)
+    launch_cpu_processes(cpu_procs, device)
+    rank, local_rank, world, device = setup_distributed(device)
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return rank, local_rank, world, device
+
 def teardown_distributed():
     if dist.is_initialized():
         dist.barrier()  # nobody tears the group down while a peer still talks to it

@@ -391,15 +391,9 @@ if __name__ == "__main__":
         nanolap.write_result(out_dir, **res)
         sys.exit(0)
 
-    if os.environ.get("RANK", "0") == "0":  # before any process starts: a bad out_dir fails once, in one line
-        nanolap.prepare_out_dir(out_dir, resume)
-    nanolap.launch_cpu_processes(cpu_procs, device)
-    rank, local_rank, world, device = nanolap.setup_distributed(device)
+    rank, local_rank, world, device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
     master = rank == 0
     device_type = device.split(":")[0]
-    if device_type == "cuda":  # float32 matmuls in TF32 (bfloat16 autocast covers most of them anyway)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     torch.manual_seed(seed)  # the same initial weights in every process
 

@@ -257,17 +257,11 @@ if __name__ == "__main__":
     nanolap.config_from_options(config, "vit", img_size=img_size or max(patch, 1))
     if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
         nanolap.finished_run(config, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs", 2 * epochs)
-    if os.environ.get("RANK", "0") == "0":  # before any process starts: a bad out_dir fails once, in one line
-        nanolap.prepare_out_dir(out_dir, resume)
-    nanolap.launch_cpu_processes(cpu_procs, device)
-    rank, local_rank, world, device = nanolap.setup_distributed(device)
+    rank, local_rank, world, device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
     master = rank == 0
     device_type = device.split(":")[0]
     if device_type == "cpu" and cpu_threads:
         torch.set_num_threads(cpu_threads)
-    if device_type == "cuda":  # float32 matmuls in TF32 (bfloat16 autocast covers most of them anyway)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
 
     # ---- data: small datasets live on the device as uint8; folders are decoded by DataLoader workers
     if dataset == "imagefolder":
