@@ -650,9 +650,17 @@ def start_processes(out_dir, resume, cpu_procs, device):
     return rank, local_rank, world, device
 
 def teardown_distributed():
-    if dist.is_initialized():
-        dist.barrier()  # nobody tears the group down while a peer still talks to it
-        dist.destroy_process_group()
+    """The end of a process of a group: after the last collective, leave without the interpreter's finalisation.
+    gloo's worker threads outlive destroy_process_group (even without the DDP model), and one that drops a Python
+    object while the interpreter finalises is killed in C++: SIGABRT, 'terminate called without an active exception'."""
+    if not dist.is_initialized():
+        return
+    dist.barrier()  # nobody tears the group down while a peer still talks to it
+    dist.destroy_process_group()
+    atexit._run_exitfuncs()  # what a normal exit would still do (remove_empty_out_dirs), with the interpreter alive
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 def print0(*args):
     """print on the first process only, as one write, so that lines of processes never interleave."""

@@ -433,6 +433,7 @@ def test_torchrun_and_cpu_processes_match_one_process(data_dir, tmp_path):
                          capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=180)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "4 x 32 tokens x 2 process(es) x 1 micro-step(s)" in ddp.stdout and ddp.stdout.count("RESULT") == 1
+    assert "terminate called" not in ddp.stderr  # gloo's abort at exit (see test_teardown_leaves_after_the_last_collective)
     sums = param_checksums(ddp.stdout)
     assert len(sums) == 2 and len(set(sums.values())) == 1  # the ranks hold the same weights
     spawned = run(args + [f"--out_dir={tmp_path / 'procs'}", "--cpu_procs=2"])  # the same, without torchrun
@@ -445,6 +446,29 @@ def test_torchrun_and_cpu_processes_match_one_process(data_dir, tmp_path):
     assert abs(float(r2["val_loss"]) - float(r1["val_loss"])) < 2e-4, (r1, r2)
     losses = [re.findall(r"step \d+/4 \| loss (\d\.\d+)", p.stdout) for p in (ddp, single)]
     assert len(losses[0]) == 4 and all(abs(float(a) - float(b)) < 2e-4 for a, b in zip(*losses)), losses
+
+
+@pytest.mark.slow
+def test_teardown_leaves_after_the_last_collective(tmp_path):
+    """nanolap.teardown_distributed ends a process of a group without the interpreter's finalisation (where a gloo
+    thread can abort it): exit status 0, the output flushed, atexit handlers run, nothing after it runs."""
+    script = tmp_path / "end.py"
+    script.write_text(f"""import atexit, os, sys
+sys.path.insert(0, {ROOT!r})
+import nanolap
+nanolap.launch_cpu_processes(2, "cpu")  # 2 processes, as the CPU defaults run
+rank = nanolap.setup_distributed("cpu")[0]
+atexit.register(lambda: open(os.path.join({str(tmp_path)!r}, f"atexit{{rank}}"), "w").close())
+sys.stdout.write(f"rank {{rank}} unflushed;")  # a pipe buffers it: teardown must flush it
+nanolap.teardown_distributed()
+print("after teardown")
+""")
+    buffered = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=buffered, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0 unflushed;" in done.stdout and "rank 1 unflushed;" in done.stdout, done.stdout
+    assert "after teardown" not in done.stdout and "terminate called" not in done.stderr
+    assert os.path.exists(tmp_path / "atexit0") and os.path.exists(tmp_path / "atexit1")
 
 
 @pytest.mark.slow
