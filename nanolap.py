@@ -514,18 +514,17 @@ def _closest(name, names, prefix=""):
     return f" did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
 
 def configure(namespace, argv=None, schedule=()):
-    """Resolve a script's options (its lower-case literal globals) into it; --help lists them with their comments.
+    """Resolve a script's options (see declared_options) into it; --help lists them with their comments.
     --resume: the options saved in out_dir/ckpt.pt are the base and the command line goes on top, but neither the model,
     the data (Config fields, preset, dataset, seed) nor the `schedule` length (a longer one would raise the learning
     rate of a cooled-down run again) may change. Returns (config, checkpoint or None)."""
     install_error_handler()
     argv = sys.argv[1:] if argv is None else argv
-    options = {k: v for k, v in namespace.items() if k.islower() and not k.startswith("_")
-               and (v is None or isinstance(v, (bool, int, float, str, list)))}
+    comments = declared_options(namespace)
+    options = {k: namespace[k] for k in comments}
     if {"-h", "--help"} & set(argv):
-        comments = dict(re.findall(r"^(\w+) = .*?  # (.*)$", open(namespace["__file__"]).read(), re.M))
         print(namespace["__doc__"].strip() + "\n\noptions (--key=value, or key = value lines in a config file):")
-        print("\n".join(f"  --{k}={v!r}" + (f"  # {comments[k]}" if k in comments else "") for k, v in options.items()))
+        print("\n".join(f"  --{k}={v!r}  # {comments[k]}" for k, v in options.items()))
         sys.exit(0)
     config, ckpt = parse_args(options, argv), None
     _defaults.update(options)  # finished_run() names the options a run was given: those that differ from these
@@ -566,6 +565,14 @@ def check_resume(ckpt, kind, model_config):
     if ckpt["model_config"] != asdict(model_config):
         raise UsageError("--resume: the checkpoint holds a different model; do not change model options on resume, "
                          "or use a new --out_dir")
+
+def declared_options(namespace):
+    """{option: its comment}, in the script's order: the top-level `name = value  # comment` lines of the script's file
+    whose name is lower-case and whose value is a literal (None, bool, int, float, str, list). Any other global, a
+    constant, an import or a line without a comment, never becomes an option by accident."""
+    lines = re.findall(r"^([a-z]\w*) = .*?  # (.*)$", open(namespace["__file__"]).read(), re.M)
+    literal = (type(None), bool, int, float, str, list)
+    return {k: why for k, why in lines if k.islower() and isinstance(namespace.get(k, ()), literal)}
 
 def install_error_handler():
     """Input mistakes, a non-finite loss and Ctrl-C end in one stderr line (no traceback) from the first process."""

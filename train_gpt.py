@@ -14,7 +14,7 @@ no biases, untied embeddings, logit soft-cap, zero-initialised output projection
 warm-down. The first author's Laplacian fork (2026) builds on the 2026 nanochat instead: value embeddings,
 sliding-window attention, other init scales (uniform matrices, lm_head N(0, 0.001)), a longer warm-down.
 The trailing n_lap heads of every layer are Laplacian. Optimiser (nanochat): Muon for the 2-D matrices of the
-blocks (q, k and v each on its own), AdamW for the embedding and the lm_head; or --optimizer=adamw for all.
+blocks (q, k and v each on its own), AdamW for the embedding and the lm_head; or --optimizer_name=adamw for all.
 
 Evaluation every eval_interval steps on fixed windows of the validation split: the loss (nats per token) and
 the bits per byte, which compares models across tokenizers (see evaluate). One JSON line per evaluation in
@@ -30,7 +30,6 @@ global batch is batch_size * cpu_procs sequences (16); --cpu_procs=1 --batch_siz
 import json
 import math
 import os
-import textwrap
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import nanolap
-from nanolap import Config, UsageError, print0
+from nanolap import UsageError, print0
 from data import text
 
 # ---------------------------------------------------------------- defaults
@@ -67,11 +66,11 @@ n_lap = 2  # Laplacian heads per layer (the trailing ones), or a list with one c
 dropout = 0.0  # attention and residual dropout; short runs do not overfit, so 0
 graph = "attention"  # every head's P: attention (softmax) | uniform (the running mean: the mean-mixing baseline)
 # optimiser (nanochat's values; AdamW learning rates are scaled by (n_embd / 768) ** -0.5)
-optimizer = "muon"  # 'muon': Muon for block matrices + AdamW for embedding/lm_head; 'adamw': AdamW for all
+optimizer_name = "muon"  # 'muon': Muon for block matrices + AdamW for embedding/lm_head; 'adamw': AdamW for all
 matrix_lr = 0.02  # Muon, the block matrices
 embedding_lr = 0.2  # AdamW, token embedding
 unembedding_lr = 0.004  # AdamW, lm_head
-lr = 1e-3  # --optimizer=adamw: the learning rate of every parameter (not scaled)
+lr = 1e-3  # --optimizer_name=adamw: the learning rate of every parameter (not scaled)
 weight_decay = 0.0  # decoupled weight decay of the block matrices (adamw: of every matrix)
 beta1 = 0.8  # AdamW's first-moment decay (nanochat's; nanoGPT uses 0.9)
 beta2 = 0.95  # AdamW's second-moment decay
@@ -97,7 +96,7 @@ top_k = 200  # sample among the k most likely tokens; 0 = no top-k filter
 # ---------------------------------------------------------------- helpers
 
 @torch.no_grad()
-def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, device, autocast=nullcontext(),
+def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, device, ctx=nullcontext(),
              rank=0, world_size=1):
     """(loss, bits per byte) on n_windows windows spread evenly over `tokens`: the same windows at every evaluation
     and in every run. loss = mean nats per predicted token; bits per byte = sum of nats / (ln 2 * sum of UTF-8 bytes)
@@ -107,7 +106,7 @@ def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, devi
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # nats, tokens, nats of text tokens, bytes
     for i in range(0, len(starts), batch_size):
         x, y = text.windows(tokens, starts[i:i + batch_size], block_size, device)
-        with autocast:
+        with ctx:
             logits = model(x)  # (B, T, vocab)
         nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")  # (B*T,)
         nbytes = token_bytes[y.flatten()]
@@ -128,7 +127,7 @@ def orthogonalize(G, steps=5, eps=1e-7):
     """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, for each
     matrix of a stack G (..., rows, cols), with the quintic coefficients of Keller Jordan's Muon (also
     torch.optim.Muon's): fast, and the singular values end spread around 1, which does not hurt training."""
-    a, b, c = 3.4445, -4.7750, 2.0315
+    a, b, c = 3.4445, -4.7750, 2.0315  # the quintic's coefficients, one polynomial
     X = G.bfloat16() if G.is_cuda else G.float()  # bf16 on GPU; CPUs without bf16 units are 20x slower in it
     if X.size(-2) > X.size(-1):
         X = X.mT
@@ -176,8 +175,8 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
                       Muon([dict(params=matrices), dict(params=qkv, blocks=3)], lr=matrix_lr, weight_decay=weight_decay)]
-    for opt in optimizers:
-        for group in opt.param_groups:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]
     return optimizers
 
@@ -228,20 +227,15 @@ def sample_checkpoint(path, device, prompt, num_samples, max_new_tokens, tempera
 if __name__ == "__main__":
     config, ckpt = nanolap.configure(globals(), schedule=("max_iters", "warmup_iters", "warmdown_frac"))
     # ---- validation: every mistake in the options fails here, in one line, before any work
-    if optimizer not in ("muon", "adamw"):
-        raise UsageError(f"--optimizer={optimizer!r}: choose one of ('muon', 'adamw')")
     if dtype not in ("auto", "float32", "bfloat16"):
         raise UsageError(f"--dtype={dtype!r}: choose auto, bfloat16 or float32" + (
             " (float16 needs a gradient scaler, which train_gpt.py does not use)" if dtype == "float16" else ""))
-    for key in ("max_iters", "eval_interval", "eval_iters", "log_interval", "block_size", "batch_size", "num_samples"):
-        if config[key] < 1:
-            raise UsageError(f"--{key}={config[key]}: must be at least 1")
-    for key in ("stop_at_step", "warmup_iters", "total_batch_size", "seed", "max_new_tokens", "top_k",
-                "temperature", "grad_clip", "weight_decay"):
-        if config[key] < 0:
-            raise UsageError(f"--{key}={config[key]}: must not be negative")
-    if not 0 <= warmdown_frac <= 1 or not 0 <= final_lr_frac <= 1:
-        raise UsageError("--warmdown_frac and --final_lr_frac must lie in [0, 1]")
+    nanolap.check_options(config, at_least={
+        1: ("max_iters", "eval_interval", "eval_iters", "log_interval", "block_size", "batch_size", "num_samples"),
+        0: ("stop_at_step", "warmup_iters", "total_batch_size", "seed", "max_new_tokens", "top_k", "temperature",
+            "grad_clip", "weight_decay")},
+        fractions=("warmdown_frac", "final_lr_frac"),
+        choices=dict(optimizer_name=("muon", "adamw")))
     if not sample_from:
         nanolap.config_from_options(config, "gpt")  # a bad model (n_lap > n_head, ...) fails before any data is read
     if ckpt is not None and block_size > ckpt["model_config"]["block_size"]:
@@ -254,21 +248,20 @@ if __name__ == "__main__":
     nanolap.resolve_device(device)  # a bad --device fails before out_dir is touched
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
         nanolap.finished_run(config, ckpt["step"], max_iters, "max_iters", 2 * max_iters)
-    master = os.environ.get("RANK", "0") == "0"  # this process, torchrun's first, or the launcher of cpu_procs
-    if master:  # before any work or process: out_dir must be writable; a fresh run moves an earlier one aside
-        nanolap.prepare_out_dir(out_dir, resume)
-    nanolap.launch_cpu_processes(cpu_procs, device)
-    rank, local_rank, world, device = nanolap.setup_distributed(device)
+    rank, local_rank, world, device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
+    master = rank == 0
     torch.manual_seed(seed)
 
     # ---- data: flat uint16 token files (data/text.py); bytes per token for bits per byte
     meta = text.load_meta(data_dir, dataset)
-    train_tokens, val_tokens = text.load_tokens(data_dir, dataset, "train"), text.load_tokens(data_dir, dataset, "val")
+    train_tokens = text.load_tokens(data_dir, dataset, "train")
+    val_tokens = text.load_tokens(data_dir, dataset, "val")
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):
         if len(tokens) <= block_size + 1:
             raise UsageError(f"the {split} split of {dataset} has {len(tokens)} tokens, too few for "
                              f"--block_size={block_size} (needs more than block_size + 1): lower --block_size")
-    tokenizer, vocab_size = text.get_tokenizer(meta), text.model_vocab_size(meta["vocab_size"])
+    tokenizer = text.get_tokenizer(meta)
+    vocab_size = text.model_vocab_size(meta["vocab_size"])
     token_bytes = torch.tensor(tokenizer.token_bytes + [0] * (vocab_size - meta["vocab_size"]), device=device)
     tokens_per_batch = batch_size * block_size * world
     total = total_batch_size or tokens_per_batch
@@ -278,39 +271,45 @@ if __name__ == "__main__":
     grad_accum = total // tokens_per_batch
 
     # ---- model and optimisers (a resumed run restores both, its random state and its clock)
-    model_cfg = Config(**ckpt["model_config"]) if ckpt else nanolap.config_from_options(config, "gpt", vocab_size=vocab_size)
+    model_cfg = nanolap.config_from_options(config, "gpt", vocab_size=vocab_size)
     raw_model = nanolap.build_model(model_cfg).to(device)
-    optimizers = build_optimizers(raw_model, optimizer, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay,
+    optimizers = build_optimizers(raw_model, optimizer_name, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay,
                                   (beta1, beta2))
-    step, best_val_loss, time_before = 0, float("inf"), 0.0  # time_before: training time of earlier runs
+    step = 0
+    best_val_loss = float("inf")
+    time_before = 0.0  # training time of earlier runs
     if ckpt is not None:
+        nanolap.check_resume(ckpt, "gpt", model_cfg)
         raw_model.load_state_dict(nanolap.clean_state_dict(ckpt["model"]))
-        for opt, state in zip(optimizers, ckpt["optimizer"]):
-            hyper = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
-            opt.load_state_dict(state)  # moments and step counts from the checkpoint ...
-            for group, h in zip(opt.param_groups, hyper):
+        for optimizer, state in zip(optimizers, ckpt["optimizer"]):
+            hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+            optimizer.load_state_dict(state)  # moments and step counts from the checkpoint ...
+            for group, h in zip(optimizer.param_groups, hyper):
                 group.update(h)  # ... hyperparameters from the options (identical unless overridden now)
         nanolap.set_rng_state(ckpt["rng"])
-        step, best_val_loss, time_before = ckpt["step"], ckpt["best_val_loss"], ckpt["seconds"]
+        step = ckpt["step"]
+        best_val_loss = ckpt["best_val_loss"]
+        time_before = ckpt["seconds"]
     model = torch.compile(raw_model) if compile_model else raw_model
     if world > 1:
         model = DDP(model, device_ids=[local_rank] if str(device).startswith("cuda") else None)
-    amp, amp_dtype = nanolap.autocast(device, dtype)
-    peak, flops_per_step = nanolap.peak_flops(device), raw_model.flops_per_token(block_size) * total
-    peak_lr = matrix_lr if optimizer == "muon" else lr
+    ctx, amp_dtype = nanolap.autocast(device, dtype)
+    peak = nanolap.peak_flops(device)
+    flops_per_step = raw_model.flops_per_token(block_size) * total
+    peak_lr = matrix_lr if optimizer_name == "muon" else lr
     schedule = (max_iters, warmup_iters, warmdown_frac, final_lr_frac)  # get_lr_multiplier(step, *schedule)
 
     # ---- output: the resolved options first; log.jsonl keeps only the evaluations up to the checkpoint
-    ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
-    print0("config:\n" + textwrap.fill(" ".join(f"{k}={v!r}" for k, v in config.items()), 110,
-                                       initial_indent="  ", subsequent_indent="  "))
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    log_path = os.path.join(out_dir, "log.jsonl")
+    print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} ({meta['tokenizer']} tokenizer, vocab {meta['vocab_size']}), "
            f"train {len(train_tokens):,} tokens, val {len(val_tokens):,}")
     print0(f"model: {preset}, {model_cfg.n_layer} layers, {model_cfg.n_head} heads, d={model_cfg.n_embd}, "
            f"Laplacian heads per layer {model_cfg.lap_schedule()}, {raw_model.num_params() / 1e6:.2f}M parameters "
            f"({raw_model.num_params(exclude_embedding=True) / 1e6:.2f}M without the embedding)")
     print0(f"batch: {total:,} tokens per step = {batch_size} x {block_size} tokens x {world} process(es) x "
-           f"{grad_accum} micro-step(s); {optimizer} optimiser; {device}, "
+           f"{grad_accum} micro-step(s); {optimizer_name} optimiser; {device}, "
            f"{'float32' if amp_dtype == torch.float32 else 'bfloat16 autocast'}{', compiled' if compile_model else ''}")
     if master and ckpt is not None:
         print(f"resumed from {ckpt_path} at step {step}")
@@ -321,18 +320,23 @@ if __name__ == "__main__":
             f.writelines(kept)
 
     # ---- the loop
-    start_step, t0 = step, time.time()
-    metrics, train_time, timed_steps, logged_loss, logged_steps = {}, 0.0, 0, 0.0, 0
+    start_step = step
+    t0 = time.time()
+    metrics = {}  # the last evaluation's losses and bits per byte
+    train_time = 0.0  # the time of the timed steps, for the speed
+    timed_steps = 0
+    logged_loss = 0.0  # the log window: since the last progress line
+    logged_steps = 0
     while True:
         last = step >= max_iters
-        stopping = step == stop_at_step and start_step < step < max_iters
+        stopped = step == stop_at_step and start_step < step < max_iters
         # evaluate every eval_interval steps and at the end (a resumed run's first step was evaluated before)
         evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None or last)
         if evaluating:
             raw_model.eval()
             for split, tokens in (("val", val_tokens), ("train", train_tokens)):
                 metrics[f"{split}_loss"], metrics[f"{split}_bpb"] = evaluate(
-                    raw_model, tokens, token_bytes, block_size, eval_iters * batch_size, batch_size, device, amp, rank, world)
+                    raw_model, tokens, token_bytes, block_size, eval_iters * batch_size, batch_size, device, ctx, rank, world)
             raw_model.train()
             best_val_loss = min(best_val_loss, metrics["val_loss"])
             print0(f"eval step {step}: val loss {metrics['val_loss']:.4f}, val bpb {metrics['val_bpb']:.4f}, "
@@ -340,30 +344,30 @@ if __name__ == "__main__":
             if master:
                 record = dict(step=step, **metrics, lr=peak_lr * get_lr_multiplier(step, *schedule), tokens=step * total)
                 nanolap.append_jsonl(log_path, dict(record, seconds=round(time_before + time.time() - t0, 2)))
-        if master and step > start_step and (evaluating or stopping):
+        if master and step > start_step and (evaluating or stopped):
             nanolap.save_checkpoint(dict(
                 kind="gpt", model_config=asdict(model_cfg), model=nanolap.clean_state_dict(raw_model.state_dict()),
                 config=config, meta={k: v for k, v in meta.items() if k != "token_bytes"},
-                optimizer=[opt.state_dict() for opt in optimizers], step=step, rng=nanolap.rng_state(),
+                optimizer=[optimizer.state_dict() for optimizer in optimizers], step=step, rng=nanolap.rng_state(),
                 best_val_loss=best_val_loss, seconds=time_before + time.time() - t0), ckpt_path)
-        if last or stopping:
+        if last or stopped:
             break
 
         # one optimiser step: learning rates and Muon momentum from the schedules, grad_accum micro-batches
         t_step = time.time()
         torch.manual_seed(nanolap.step_seed(seed, step, rank))  # this step's dropout masks
         lr_mult = get_lr_multiplier(step, *schedule)
-        for opt in optimizers:
-            for group in opt.param_groups:
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
                 group["lr"] = group["initial_lr"] * lr_mult
-                if isinstance(opt, Muon):
+                if isinstance(optimizer, Muon):
                     group["momentum"] = get_muon_momentum(step)
         loss_step = torch.zeros((), device=device)
         for micro in range(grad_accum):
             x, y = train_batch(train_tokens, seed, step, micro * world + rank, batch_size, block_size, device)
             sync = micro == grad_accum - 1 or world == 1  # DDP all-reduces the gradients once per step
             with nullcontext() if sync else model.no_sync():
-                with amp:
+                with ctx:
                     _, loss = model(x, y)  # logits (B, T, vocab), mean cross-entropy
                 (loss / grad_accum).backward()
             loss_step += loss.detach() / grad_accum
@@ -371,21 +375,24 @@ if __name__ == "__main__":
         grad_norm = float(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip or math.inf))
         nanolap.check_finite(loss_step, step)
         if not math.isfinite(grad_norm):  # the norm is global: every process stops at the same step
-            raise FloatingPointError(f"non-finite gradient norm at step {step}: stopping before the optimiser "
+            raise FloatingPointError(f"non-finite gradient norm at step {step}: stopped before the optimiser "
                                      f"step; the last checkpoint is intact. Try a lower learning rate.")
-        for opt in optimizers:
-            opt.step()
+        for optimizer in optimizers:
+            optimizer.step()
         raw_model.zero_grad(set_to_none=True)
         step += 1
         dt = time.time() - t_step
         if step > start_step + 1:  # the first step (allocation, compilation) is left out of the speed ...
-            train_time, timed_steps = train_time + dt, timed_steps + 1
+            train_time += dt
+            timed_steps += 1
         per_step = train_time / timed_steps if timed_steps else dt  # ... unless it is all there is
-        logged_loss, logged_steps = logged_loss + loss_step, logged_steps + 1
+        logged_loss += loss_step
+        logged_steps += 1
 
         if step % log_interval == 0 or step == max_iters:
             loss_avg = nanolap.all_reduce_mean(logged_loss / logged_steps, device)
-            logged_loss, logged_steps = 0.0, 0
+            logged_loss = 0.0
+            logged_steps = 0
             line = f"step {step}/{max_iters} | loss {loss_avg:.4f} | lr {peak_lr * lr_mult:.2e} | {total / per_step:,.0f} tok/s"
             if peak:
                 line += f" | mfu {100 * flops_per_step / per_step / (peak * world):.1f}%"
@@ -396,7 +403,7 @@ if __name__ == "__main__":
     # ---- the end: a sample and the RESULT line (or, stopped early, how to continue)
     if world > 1:
         nanolap.print_param_checksum(raw_model.parameters(), rank, world)
-    if stopping:
+    if stopped:
         print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
         seconds = round(time_before + time.time() - t0)

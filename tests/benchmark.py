@@ -21,11 +21,11 @@ from nanolap import build_model, configure, make_config, resolve_device, write_r
 
 rounds = 9  # interleaved rounds; the median ratio is reported
 repeats = 3  # forward+backward passes per timing
-batch_size = 4
-seq_len = 256
+batch_size = 4  # sequences per timed forward+backward
+seq_len = 256  # tokens per sequence
 explicit_len = 1024  # sequence length of the fused-vs-explicit comparison (the explicit path is O(T^2) memory)
 compile_model = True  # also time torch.compile'd models
-device = "auto"
+device = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps
 out_dir = "."  # result.txt goes here
 
 

@@ -31,8 +31,8 @@ trees = "."  # code trees to measure, separated by commas (e.g. .,/work/base); t
 scripts = "vit,gpt,dino,analyze"  # which to measure, separated by commas
 rounds = 2  # interleaved rounds; each runs every script alone and busy
 vit_steps = 150  # optimiser steps of each run (about 15 s on 2 idle cores)
-gpt_steps = 100
-dino_steps = 100
+gpt_steps = 100  # optimiser steps of each GPT run
+dino_steps = 100  # optimiser steps of each DINO run
 analyze_samples = 500  # analyze.py --max_samples
 out_dir = "/tmp/busy_bench"  # the runs' folders, their logs and busy_bench.json go here
 

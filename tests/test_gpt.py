@@ -337,7 +337,7 @@ def test_help_lists_every_option_with_its_comment(capsys):
     options = [line for line in out.splitlines() if line.startswith("  --")]
     assert exit_.value.code == 0 and out.startswith("Causal language models with Laplacian heads")
     assert "--stop_at_step=0  # stop with a checkpoint after this step" in out and "--preset='gpt-tiny'  # " in out
-    assert {"--compile_model=False", "--cpu_procs=1", "--device='auto'", "--dtype='auto'"} <= {l.split()[0] for l in options}
+    assert {"--compile_model=False", "--cpu_procs=2", "--device='auto'", "--dtype='auto'"} <= {l.split()[0] for l in options}
     assert len(options) > 40 and all("  # " in line for line in options), [l for l in options if "  # " not in l]
 
 
@@ -366,10 +366,11 @@ def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
     (["--n_lap=[1,2]"], "the per-layer list has 2 entries but n_layer=4"),
     (["--n_lap=5"], "at most n_head=4 Laplacian heads per layer"),
     (["--preset=vit-tiny"], "--preset='vit-tiny': choose one of ['gpt-d20', 'gpt-small', 'gpt-tiny']"),
-    (["--optimizer=sgd"], "--optimizer='sgd': choose one of ('muon', 'adamw')"),
+    (["--optimizer_name=sgd"], "--optimizer_name='sgd': choose one of muon, adamw"),
+    (["--optimizer=adamw"], "unknown option --optimizer"),  # the old name of --optimizer_name
     (["--dtype=float16"], "float16 needs a gradient scaler"),
     (["--max_iters=0"], "--max_iters=0: must be at least 1"),
-    (["--stop_at_step=-1"], "--stop_at_step=-1: must not be negative"),
+    (["--stop_at_step=-1"], "--stop_at_step=-1: must be at least 0"),
     (["--cpu_procs=0"], "--cpu_procs=0: must be at least 1"),
     (["--total_batch_size=1000"], "is not a multiple of batch_size x block_size x processes"),
     (["--block_size=100000"], "too few for --block_size=100000"),

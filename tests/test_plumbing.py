@@ -74,6 +74,18 @@ def test_configure_reads_the_options_from_the_globals_and_writes_them_back(tmp_p
     assert "MAX" not in out and "_private" not in out
 
 
+def test_only_commented_top_level_literals_are_options(tmp_path):
+    """A script's options are its `name = literal  # comment` lines: a global without a comment, one set in a
+    block, or one whose value is not a literal stays the script's own, and --it=... is refused as unknown."""
+    ns = fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\nzeros = torch.zeros(1)  # a tensor\n')
+    config, _ = nanolap.configure(ns, [])
+    assert sorted(config) == ["lr", "n_embd", "n_lap", "out_dir", "preset", "resume"]
+    for argv in (["--it=2"], ["--step=1"], ["--zeros=0"]):
+        with pytest.raises(nanolap.UsageError, match=f"unknown option {argv[0].split('=')[0]};"):
+            nanolap.configure(fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\n'
+                                          'zeros = torch.zeros(1)  # a tensor\n'), argv)
+
+
 def test_config_from_options_derives_the_model_config_from_its_fields(tmp_path):
     ns = fake_script(tmp_path, SCRIPT)
     config, _ = nanolap.configure(ns, ["--n_embd=32"])

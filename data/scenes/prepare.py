@@ -30,7 +30,7 @@ size = 64  # scene side in pixels (Fashion-MNIST items are 28 x 28)
 min_items = 2  # items per scene, at least ...
 max_items = 4  # ... and at most
 threshold = 10  # item pixels >= this value (0..255) are pasted; the rest of its 28 x 28 square is not
-seed = 0
+seed = 0  # the scenes are a pure function of it
 
 if __name__ == "__main__":
     configure(globals())
