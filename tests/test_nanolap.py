@@ -2,8 +2,9 @@
 standard multi-head attention; a Laplacian head outputs (I - P) V, so it ignores whatever every token shares; the
 fused path (P V for every head in one call, then V - P V) equals (I - P) V written out, with RoPE, causally (where the
 future never leaks and the first position is exactly 0) and with a per-layer schedule; Laplacian heads cost no
-parameters and no FLOPs; and a GPT's zero output projections make every block a no-op at step 0. The models around
-the idea are tested in test_models.py, the run plumbing in test_plumbing.py."""
+parameters and no FLOPs; a GPT's zero output projections make every block a no-op at step 0; and the uniform graph
+(every P the sequence mean, the mean-mixing baseline) has a fused path equal to its explicit one and no queries or
+keys. The models around the idea are tested in test_models.py, the run plumbing in test_plumbing.py."""
 
 import pytest
 import torch
