@@ -79,7 +79,9 @@ def test_dino_loss_batches_and_views():
     """With B images, view v of image i is row v*B + i; the loss is a mean over images."""
     torch.manual_seed(0)
     B, K = 3, 5
-    s_out, t_out, center = torch.randn(4 * B, K), torch.randn(2 * B, K), torch.randn(1, K)
+    s_out = torch.randn(4 * B, K)
+    t_out = torch.randn(2 * B, K)
+    center = torch.randn(1, K)
     per_image = [td.dino_loss(s_out[i::B], t_out[i::B], center, 0.1, 0.04) for i in range(B)]
     assert td.dino_loss(s_out, t_out, center, 0.1, 0.04).item() == pytest.approx(sum(per_image).item() / B, rel=1e-5)
 
@@ -149,7 +151,9 @@ def test_clip_gradients_per_parameter():
 
 
 def test_batch_indices_split_an_epoch_between_processes():
-    n, batch, seed = 20, 8, 3
+    n = 20
+    batch = 8
+    seed = 3
     epoch0 = [torch.cat([td.batch_indices(n, batch, step, seed, rank, 2) for rank in (0, 1)]) for step in (0, 1)]
     assert all(len(b) == batch for b in epoch0)
     assert len(set(torch.cat(epoch0).tolist())) == 2 * batch  # no image twice in an epoch
@@ -368,7 +372,10 @@ def test_resume_equals_uninterrupted_run_and_last_layer_freeze(tmp_path):
     b8 = run(SCRIPT, "--resume", f"--out_dir={part}")
     assert b8.returncode == 0, b8.stderr
     assert "resumed from" in b8.stdout and "RESULT" in b8.stdout and "RESULT" in a.stdout
-    la, l1, l4, l8 = losses(a.stdout), losses(b1.stdout), losses(b4.stdout), losses(b8.stdout)
+    la = losses(a.stdout)  # the uninterrupted run's, then the three pieces'
+    l1 = losses(b1.stdout)
+    l4 = losses(b4.stdout)
+    l8 = losses(b8.stdout)
     assert sorted(la) == list(range(1, 9)) and sorted(l1) == [1] and sorted(l4) == [2, 3, 4] and sorted(l8) == [5, 6, 7, 8]
     assert la == {**l1, **l4, **l8}
     assert result(a.stdout)["knn_acc"] == result(b8.stdout)["knn_acc"]

@@ -208,7 +208,9 @@ def test_color_jitter_order_is_random_per_image(monkeypatch):
     # contrast u (0.5), then the order of the two ops per image
     draws = iter([torch.zeros(B), torch.ones(B), torch.zeros(B), torch.rand(B, 2, generator=g)])
     out = augment.color_jitter(x, [0.5, 0.5, 0.0, 0.0], 1.0, lambda *shape: next(draws))
-    one = lambda name, f, v: augment.adjust(v, name, torch.full((B,), f))
+    def one(name, f, v):  # one colour op at strength f for every image
+        return augment.adjust(v, name, torch.full((B,), f))
+
     b_then_c = one("contrast", 0.5, one("brightness", 1.5, x))
     c_then_b = one("brightness", 1.5, one("contrast", 0.5, x))
     assert not torch.allclose(b_then_c[0], c_then_b[0], atol=1e-3), "the test needs orders that differ"
@@ -246,11 +248,15 @@ def test_imagefolder_crops_and_bicubic_resizing(tmp_path):
         Image.fromarray((torch.rand(40, 48, 3, generator=g) * 255).to(torch.uint8).numpy()).save(
             tmp_path / split / "a" / "0.png")
     pil = {s: Image.open(tmp_path / s / "a" / "0.png").convert("RGB") for s in ("train", "val")}
-    resize = lambda split, size, mode: v2.functional.pil_to_tensor(v2.functional.resize(pil[split], size, mode))
+    def resize(split, size, mode):  # torchvision's own resize of the split's image
+        return v2.functional.pil_to_tensor(v2.functional.resize(pil[split], size, mode))
+
     bicubic, bilinear = v2.InterpolationMode.BICUBIC, v2.InterpolationMode.BILINEAR
     padded = v2.functional.pad(resize("train", 32, bicubic), [4], padding_mode="reflect")  # (3, 40, 46)
     windows = padded.unfold(1, 32, 1).unfold(2, 32, 1)  # (3, 9, 15, 32, 32): every 32 x 32 window
-    in_windows = lambda crop: bool((windows == crop[:, None, None]).all(0).all(-1).all(-1).any())
+    def in_windows(crop):  # is the crop one of the 32 x 32 windows of the padded image?
+        return bool((windows == crop[:, None, None]).all(0).all(-1).all(-1).any())
+
     torch.manual_seed(0)
     for simple in (False, True):
         train_set, val_set = images.imagefolder_datasets(str(tmp_path), 32, hflip=False, simple_random_crop=simple)
@@ -288,7 +294,9 @@ def test_random_erasing():
 def test_augment_pipeline_is_seeded_and_normalises():
     """Resume relies on this: the same global seed gives the same augmented batch and targets."""
     x, y = (torch.rand(16, 1, 28, 28) * 255).to(torch.uint8), torch.randint(0, 10, (16,))
-    mixer, mean, std = augment.make_mixer(0.8, 1.0, 10), torch.tensor(0.5), torch.tensor(0.25)
+    mixer = augment.make_mixer(0.8, 1.0, 10)
+    mean = torch.tensor(0.5)
+    std = torch.tensor(0.25)
     outs = []
     for seed in (123, 123, 124):
         torch.manual_seed(seed)
@@ -325,7 +333,9 @@ def test_bce_targets_are_timm_mixup_targets():
     under BCE, not DeiT-III's hard 1 for every mixed class. Two images, K = 4, lam = 0.7, s = 0.1: on = 0.925,
     off = 0.025, so 0.7 * 0.925 + 0.3 * 0.025 = 0.655 and 0.3 * 0.925 + 0.7 * 0.025 = 0.295."""
     torch.manual_seed(0)
-    logits, y, lam = torch.randn(2, 4), torch.tensor([1, 3]), 0.7
+    logits = torch.randn(2, 4)
+    y = torch.tensor([1, 3])
+    lam = 0.7
     mixed = lam * F.one_hot(y, 4).float() + (1 - lam) * F.one_hot(y.roll(1, 0), 4).float()  # as make_mixer pairs
     expected = torch.tensor([[0.025, 0.655, 0.025, 0.295], [0.025, 0.295, 0.025, 0.655]])
     assert torch.allclose(bce_target(logits, mixed, 0.1), expected, atol=1e-5)
@@ -335,12 +345,17 @@ def test_bce_targets_are_timm_mixup_targets():
     # (y.flip(0) is timm's partner, the same as make_mixer's neighbour for two images)
     xm, t = augment.make_mixer(0.8, 0.0, 4)(torch.stack([torch.zeros(3, 4, 4), torch.ones(3, 4, 4)]), y)
     lam = 1 - xm[0].mean()
-    smooth = lambda labels: F.one_hot(labels, 4).float() * 0.9 + 0.025
+    def smooth(labels):  # label smoothing 0.1 over 4 classes
+        return F.one_hot(labels, 4).float() * 0.9 + 0.025
+
     assert torch.allclose(bce_target(logits, t, 0.1), lam * smooth(y) + (1 - lam) * smooth(y.flip(0)), atol=1e-5)
 
 
 def test_lamb_matches_hand_computed_steps():
-    lr, b1, b2, eps, wd = 0.1, 0.9, 0.999, 1e-6, 0.1
+    lr = 0.1
+    b1, b2 = 0.9, 0.999  # Adam's betas
+    eps = 1e-6
+    wd = 0.1
     w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
     bias = torch.nn.Parameter(torch.tensor([0.5]))
     opt = train_vit.Lamb([dict(params=[w], weight_decay=wd), dict(params=[bias], weight_decay=0.0)],
