@@ -58,15 +58,17 @@ run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, i
 }
 export -f run
 
-jobs() {  # the ladder first, seed by seed so that a cut-short set still has whole seeds; then the first sweep's sets
+jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every regime at the same seeds; then the rest
     echo "vit 4 0 vit_default --epochs=18"; echo "vit 0 0 vit_default --epochs=18"  # the CPU default, for its per-head numbers
-    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s"; done; done
-    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_uniform --graph=uniform"; done; done
-    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_deit --pooling=cls --layerscale=1e-6 --epochs=12"; done; done
-    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_p4 --patch_size=4"; done; done
-    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_deep --n_layer=8"; done; done
-    for s in 0 1 2; do for k in 0 4; do echo "gpt $k $s gpt_uniform --graph=uniform"; done; done
-    for s in 0 1 2; do for k in 0 4; do echo "gpt $k $s"; done; done
+    for s in 0 1 2; do
+        for k in 0 4; do echo "vit $k $s"; done
+        for k in 0 4; do echo "vit $k $s vit_uniform --graph=uniform"; done
+        for k in 0 4; do echo "vit $k $s vit_deit --pooling=cls --layerscale=1e-6 --epochs=12"; done
+        for k in 0 4; do echo "vit $k $s vit_p4 --patch_size=4"; done
+        for k in 0 4; do echo "vit $k $s vit_deep --n_layer=8"; done
+        for k in 0 4; do echo "gpt $k $s gpt_uniform --graph=uniform"; done
+        for k in 0 4; do echo "gpt $k $s"; done
+    done
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_long --epochs=12"; done; done  # three times as long
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_longer --epochs=36"; done; done  # nine times
     for s in 0 1 2; do for k in 0 4; do echo "dino $k $s"; done; done
