@@ -42,6 +42,7 @@ map_images = 8  # DINO: images shown next to their PCA feature maps
 device = "auto"  # auto = cuda, else cpu (the float64 statistics do not run on MPS); or cpu, cuda, cuda:N
 seed = 0  # which random subset of the validation split is analysed (the same subset for every run)
 
+# ---------------------------------------------------------------- constants
 ALPHAS = (0.9, 0.99)  # k_alpha thresholds (the paper reports alpha = 0.99)
 ETF_TOKENS = 8  # ViT: tokens per image in the ETF token panel, at the same random positions in every image
 FINAL_METRIC = {"vit": ("val_acc", "higher"), "gpt": ("val_loss", "lower"), "dino": ("knn_acc", "higher")}
@@ -49,6 +50,13 @@ FINAL_METRIC = {"vit": ("val_acc", "higher"), "gpt": ("val_loss", "lower"), "din
 END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
                "dino": ("knn_acc", "linear_acc", "seg_miou")}
 FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
+# settings that do not change what a run learns (paths, logging, hardware), ignored when comparing runs
+OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
+               "log_interval", "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from",
+               "cpu_procs", "cpu_threads"}
+# the fixed 2 x 3 map A from centred 3-simplex coordinates to an equilateral triangle: column k is the vertex of
+# class k (at 90, 210 and 330 degrees); the columns sum to 0, so the all-ones direction is dropped
+TRIANGLE = torch.tensor([[0.0, -math.sqrt(3) / 2, math.sqrt(3) / 2], [1.0, -0.5, -0.5]], dtype=torch.float64)
 
 # ---------------------------------------------------------------- metrics
 # Pure functions, each next to a streaming accumulator giving the same numbers (float64, shifted by the first batch's
@@ -192,15 +200,20 @@ def nc_metrics(means, sigma_w, W=None):
     U, s, _ = torch.linalg.svd(M.T, full_matrices=False)
     U, s = U[:, s > s.max() * 1e-8], s[s > s.max() * 1e-8]  # the range of M^T
     out = {"nc1": ((U.T @ sigma_w.double() @ U).diagonal() / s.square()).sum().item()}
-    off = ~torch.eye(C, dtype=torch.bool)
-    equinorm = lambda rows: (rows.norm(dim=1).std() / rows.norm(dim=1).mean()).item()
-    equiangular = lambda u: ((u @ u.T)[off] + 1 / (C - 1)).abs().mean().item()
-    out.update(nc2_equinorm=equinorm(M), nc2_equiangular=equiangular(F.normalize(M, dim=1)))
+    out.update(nc2_equinorm=_equinorm(M), nc2_equiangular=_equiangular(F.normalize(M, dim=1)))
     if W is not None:
         W = W.double()
-        out.update(nc2_equinorm_w=equinorm(W), nc2_equiangular_w=equiangular(F.normalize(W, dim=1)),
+        out.update(nc2_equinorm_w=_equinorm(W), nc2_equiangular_w=_equiangular(F.normalize(W, dim=1)),
                    nc3=(W / W.norm() - M / M.norm()).square().sum().item())
     return out
+
+def _equinorm(rows):  # NC2: std / mean of the row norms
+    return (rows.norm(dim=1).std() / rows.norm(dim=1).mean()).item()
+
+def _equiangular(units):  # NC2: mean |cos + 1/(C-1)| over pairs of different unit rows
+    C = len(units)
+    off = ~torch.eye(C, dtype=torch.bool)
+    return ((units @ units.T)[off] + 1 / (C - 1)).abs().mean().item()
 
 def neural_collapse(x, y, W=None, b=None):
     """NC1-NC3 (nc_metrics) and NC4 of features x (n, d) with labels y; only the classes present count (W, b indexed
@@ -235,10 +248,6 @@ class ClassStats(AnovaStats):
         out = nc_metrics(mu + self.shift.cpu(), sigma_w, None if W is None else W[seen])
         return dict(out, n_classes=int(seen.sum()), n_samples=self.n_seq)
 
-# the fixed 2 x 3 map A from centred 3-simplex coordinates to an equilateral triangle: column k is the vertex of
-# class k (at 90, 210 and 330 degrees); the columns sum to 0, so the all-ones direction is dropped
-TRIANGLE = torch.tensor([[0.0, -math.sqrt(3) / 2, math.sqrt(3) / 2], [1.0, -0.5, -0.5]], dtype=torch.float64)
-
 def etf_projection(W3, x, center):
     """Simplex-ETF projection (Fisher, Meng, Papyan 2024), x (n, d) -> (n, 2): h -> A Q (h - center), Q = U V^T the
     polar factor (thin SVD) of the classifier rows W3 (3, d) of three classes centred by their mean, A = TRIANGLE.
@@ -267,6 +276,7 @@ def pca_rgb(patches, grid):
 # Head h of a block adds U_h to the residual stream X: its output P_h V_h (a Laplacian head: (I - P_h) V_h) through
 # its slice of the output projection (and LayerScale). The heads' U_h plus the projection bias are the attention
 # sublayer's output A; the MLP then adds M to X + A. Each is scored by what it does to the block input's variance.
+
 
 class VarChange:
     """Streaming change that K updates u (B, T, K, d) make to the within- and between-sequence variance of tokens:
@@ -332,31 +342,56 @@ def head_weights(block):
         out.append({"eig_min": eig[0].item(), "eig_max": eig[-1].item(), "trace_ratio": (eig.sum() / eig.abs().sum()).item()})
     return out
 
-# ---------------------------------------------------------------- data and forward passes
 
-def subset(n, k, seed):  # a fixed random subset of k of n indices (sorted), the same for every run
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].sort().values
+# ---------------------------------------------------------------- summaries over runs: means, seeds, settings, the trend test
 
-def eval_images(ckpt, max_samples, seed):
-    """A fixed random subset (at most max_samples) of the images a run was evaluated on: ViT the validation split,
-    DINO train_dino.py's k-NN images (eval_val at global_size). (x uint8 (N, C, H, W), y (N,), class names, mean,
-    std); the normalisation stored in the checkpoint, else the dataset's training statistics (folders: ImageNet's)."""
-    cfg, img_size, dino = ckpt.get("config", {}), ckpt["model_config"]["img_size"], ckpt["kind"] == "dino"
-    dataset, data_dir, workers = cfg.get("dataset"), cfg.get("data_dir", "data"), cfg.get("num_workers", 8)
-    folder = dataset == "imagefolder"
-    if dino:  # exactly train_dino.py's evaluation images
-        data = (images.imagefolder_squares(data_dir, cfg.get("imagefolder_base", 256)) if folder
-                else images.load_images(dataset, data_dir))
-        x, y = images.load_eval_images(data, "val", cfg.get("eval_val", 5000), cfg.get("global_size", img_size), workers)
-    elif folder:  # decode only the analysed subset of the validation folder
-        val = images.imagefolder_datasets(data_dir, img_size)[1]
-        data = dict(classes=val.classes, mean=images.IMAGENET_MEAN, std=images.IMAGENET_STD)
-        x, y = images.decode_folder(val, subset(len(val), min(max_samples, len(val)), seed), img_size, workers)
-    else:
-        data = images.load_images(dataset, data_dir)
-        x, y = data["val"]
-    idx = slice(None) if folder and not dino else subset(len(x), min(max_samples, len(x)), seed)
-    return (x[idx], y[idx].long(), *(ckpt.get(k, data[k]) for k in ("classes", "mean", "std")))
+def _mean_std(values):
+    v = torch.tensor([x for x in values if x is not None], dtype=torch.float64)
+    std = (v.std().item() if len(v) > 1 else 0.0) if len(v) else None  # unbiased
+    return dict(mean=v.mean().item() if len(v) else None, std=std, n=len(v))
+
+def _mean_curve(curves):  # the mean of several runs' curves, cut to the shortest
+    n = min(len(c) for c in curves)
+    return torch.tensor([[math.nan if v is None else v for v in c[:n]] for c in curves], dtype=torch.float64).mean(0).tolist()
+
+def seeds_note(counts):  # what a comparison's error bars stand for: the runs (seeds) behind each of its points
+    n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+    return "1 seed per point, no spread" if max(counts) == 1 else f"mean +- std over {n} seeds per point"
+
+def differing_settings(configs):
+    """Training settings, other than n_lap and seed, that all the compared runs record but set differently."""
+    keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
+    return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
+
+def effect(v0, v1):
+    """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
+    (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0."""
+    s0, s1 = _mean_std(v0), _mean_std(v1)
+    se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"]) if min(s0["n"], s1["n"]) > 1 else None
+    return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
+
+def spearman_trend(xs, ys, samples=10_000, seed=0):
+    """Spearman's rank correlation of ys against xs (ties share their mean rank) over all runs of a set, and its
+    two-sided permutation p: the share of `samples` random pairings of the same values (fixed seed) whose |correlation|
+    reaches the observed one, counting the observed pairing once: (hits + 1) / (samples + 1)."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    observed = _correlation(rx, ry[None])[0]
+    g = torch.Generator().manual_seed(seed)
+    shuffled = torch.stack([ry[torch.randperm(len(ry), generator=g)] for _ in range(samples)])
+    hits = (_correlation(rx, shuffled).abs() >= abs(observed) - 1e-12).sum().item()
+    return observed.item(), (hits + 1) / (samples + 1)
+
+def _ranks(values):  # ranks 1..n, ties at their mean rank
+    v = torch.tensor(values, dtype=torch.float64)
+    return torch.tensor([((v < x).sum() + ((v == x).sum() + 1) / 2).item() for x in v], dtype=torch.float64)
+
+def _correlation(x, ys):  # Pearson correlation of x (n,) with each row of ys (k, n)
+    x = x - x.mean()
+    ys = ys - ys.mean(-1, keepdim=True)
+    return (ys @ x) / (ys.norm(dim=-1) * x.norm()).clamp(min=1e-300)
+
+
+# ---------------------------------------------------------------- forward passes
 
 def pick_layer(hs, layer):  # hs = [after block 1, ..., after block L, final norm]; layer -1 or 1..L
     return hs[-1] if layer == -1 else hs[layer - 1]
@@ -370,6 +405,15 @@ def update_layers(hs, y, anovas, cos_sums, spec, layer):  # one batch: ANOVA, co
 def layerwise(anovas, cos_sums, n):
     return {"layer": [str(l) for l in range(1, len(anovas))] + ["norm"],
             "within_seq_frac": [a["within_seq_frac"] for a in anovas], "cosine": [float(c / n) for c in cos_sums]}
+
+def etf_positions(T):  # the ETF panel's ETF_TOKENS token positions, the same in every image and run
+    return images.fixed_subset(T, ETF_TOKENS, 0).sort().values
+
+def patch_tokens(h):  # (B, 1 + N, ...) -> (B, N, ...): without the CLS token
+    return h[:, 1:]
+
+def all_tokens(h):
+    return h
 
 @torch.no_grad()
 def block_updates(block, x, rope=None):
@@ -419,12 +463,6 @@ def head_means(heads):
             out[kind].append(sum(rhos) / len(rhos) if rhos else None)
     return out
 
-def patch_tokens(h):  # (B, 1 + N, ...) -> (B, N, ...): without the CLS token
-    return h[:, 1:]
-
-def all_tokens(h):
-    return h
-
 @torch.no_grad()
 def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, batch_size, device):
     """Stream the statistics of images x (N, C, H, W) uint8, normalised as in training ((x / 255 - mean) / std):
@@ -452,7 +490,7 @@ def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, b
         if cls_head:
             keep["pooled"].append(model.pool(hs[-1]).double().cpu())
             keep["seq_means"].append(sel(hs[-1]).double().mean(1).cpu())
-            keep["tokens"].append(sel(hs[-1])[:, subset(sel(hs[-1]).shape[1], ETF_TOKENS, 0)].double().cpu())
+            keep["tokens"].append(sel(hs[-1])[:, etf_positions(sel(hs[-1]).shape[1])].double().cpu())
         left = n_keep - sum(len(k) for k in keep["kept"])
         if left > 0:
             keep["kept"].append((sel(h) if cls_head else h[:, 1:])[:left].float().cpu())
@@ -488,28 +526,6 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
             "nc": {k: nc[k] for k in ("nc1", "nc2_equinorm", "nc2_equiangular")}, "spectrum": spec.result(),
             "heads": head_results(model, head_stats)}, top.tolist()
 
-def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
-    """NC1-NC4 with the trained head, on the pooled features and token means; the ETF projection of those and of tokens."""
-    W, b = (None if p is None else p.detach().double().cpu() for p in (model.head.weight, model.head.bias))
-    feats = {"pooled": "pooled = CLS token" if model.config.pooling == "cls" else "pooled = mean of patch tokens",
-             "seq_means": f"seq_means = mean of the {res['settings']['tokens']}"}
-    if feats["pooled"].endswith("patch tokens") and res["settings"]["tokens"] == "patch tokens only":
-        del feats["seq_means"]  # the very features that are pooled: measured and drawn once
-    res["nc"] = {k: dict(features=f"{sub}, final norm", **neural_collapse(extra[k], y, W, b)) for k, sub in feats.items()}
-    W3, m = W[classes], torch.isin(y, torch.tensor(classes))
-    res["etf"], panels = {"classes": classes, "classifier_rows_2d": etf_projection(W3, W3, W3.mean(0)).tolist()}, []
-    tokens = f"tokens = {extra['tokens'].shape[1]} of the {res['settings']['tokens']} of each image"
-    for key, sub in [*feats.items(), ("tokens", tokens)]:
-        x, yy = extra[key][m].flatten(0, -2), y[m].repeat_interleave(extra[key].shape[1] if key == "tokens" else 1)
-        xy = etf_projection(W3, x, torch.stack([x[yy == c].mean(0) for c in classes]).mean(0))
-        means = torch.stack([xy[yy == c].mean(0) for c in classes])  # (3, 2)
-        r = means.norm(dim=1).mean()  # the mean class radius: the panel's triangle has its vertices there
-        at = (yy[:, None] == torch.tensor(classes)).double() @ TRIANGLE.T  # (n, 2): each point's class vertex at radius 1
-        # vertex_dist: the mean distance of the points to their class's vertex, in vertex radii (0: on the vertices)
-        res["etf"][key] = {"class_means_2d": means.tolist(), "vertex_dist": (xy / r - at).norm(dim=1).mean().item()}
-        panels.append((sub, xy, yy, TRIANGLE.T * r))
-    return [fig_scatter(panels, names, classes, title + "\n(triangle: classifier directions, vertices scaled to the "
-                        "mean class radius)", os.path.join(out_dir, "etf.png"))]
 
 # ---------------------------------------------------------------- figures
 
@@ -658,6 +674,10 @@ def fig_head_means(table, color, title, path):
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
+def _point(comparison, point, key):  # mean +- std of `key` in the group at point (x, label); mean None: no point there
+    found = [g for g in comparison["groups"] if (g["n_lap_mean"], g["n_lap"]) == point]
+    return _mean_std(found[0]["values"][key]) if found else {"mean": None}
+
 def fig_headline(sets, path):
     """The README's figure, a column per paradigm: its headline end metric (END_METRICS' first; top) and the
     within-sequence share of the patch tokens (GPT: the within-class share of next-token classes; bottom) against n_lap,
@@ -675,13 +695,35 @@ def fig_headline(sets, path):
         head = END_METRICS[kind][0]
         better = "lower" if head in ("val_bpb", "val_loss") else "higher"
         for ax, (key, what) in zip(col, [(head, f"{head} ({better} is better)"), share]):
-            at = lambda c, p: next((_mean_std(g["values"][key]) for g in c["groups"]
-                                    if (g["n_lap_mean"], g["n_lap"]) == p), {"mean": None})  # None: no point there
-            series = [(c["label"] if len(same) > 1 else None, [at(c, p) for p in points]) for c in same]
+            series = [(c["label"] if len(same) > 1 else None, [_point(c, p, key) for p in points]) for c in same]
             fig_errorbars(*zip(*points), series, what, f"{kind}: {what}\n({bars})", None, ax)
     return _save(fig, path)
 
-# ---------------------------------------------------------------- results of one run, and the comparison of several
+
+# ---------------------------------------------------------------- one run: its classifier analyses, analysis.json and summary.md
+
+def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
+    """NC1-NC4 with the trained head, on the pooled features and token means; the ETF projection of those and of tokens."""
+    W, b = (None if p is None else p.detach().double().cpu() for p in (model.head.weight, model.head.bias))
+    feats = {"pooled": "pooled = CLS token" if model.config.pooling == "cls" else "pooled = mean of patch tokens",
+             "seq_means": f"seq_means = mean of the {res['settings']['tokens']}"}
+    if feats["pooled"].endswith("patch tokens") and res["settings"]["tokens"] == "patch tokens only":
+        del feats["seq_means"]  # the very features that are pooled: measured and drawn once
+    res["nc"] = {k: dict(features=f"{sub}, final norm", **neural_collapse(extra[k], y, W, b)) for k, sub in feats.items()}
+    W3, m = W[classes], torch.isin(y, torch.tensor(classes))
+    res["etf"], panels = {"classes": classes, "classifier_rows_2d": etf_projection(W3, W3, W3.mean(0)).tolist()}, []
+    tokens = f"tokens = {extra['tokens'].shape[1]} of the {res['settings']['tokens']} of each image"
+    for key, sub in [*feats.items(), ("tokens", tokens)]:
+        x, yy = extra[key][m].flatten(0, -2), y[m].repeat_interleave(extra[key].shape[1] if key == "tokens" else 1)
+        xy = etf_projection(W3, x, torch.stack([x[yy == c].mean(0) for c in classes]).mean(0))
+        means = torch.stack([xy[yy == c].mean(0) for c in classes])  # (3, 2)
+        r = means.norm(dim=1).mean()  # the mean class radius: the panel's triangle has its vertices there
+        at = (yy[:, None] == torch.tensor(classes)).double() @ TRIANGLE.T  # (n, 2): each point's class vertex at radius 1
+        # vertex_dist: the mean distance of the points to their class's vertex, in vertex radii (0: on the vertices)
+        res["etf"][key] = {"class_means_2d": means.tolist(), "vertex_dist": (xy / r - at).norm(dim=1).mean().item()}
+        panels.append((sub, xy, yy, TRIANGLE.T * r))
+    return [fig_scatter(panels, names, classes, title + "\n(triangle: classifier directions, vertices scaled to the "
+                        "mean class radius)", os.path.join(out_dir, "etf.png"))]
 
 def final_metric(run_dir, kind):  # the last value of the run's headline metric in log.jsonl
     key, path, found = FINAL_METRIC[kind][0], os.path.join(run_dir, "log.jsonl"), {"value": None, "step": None}
@@ -707,12 +749,31 @@ def _clean(obj):  # JSON-safe: tensors to lists, NaN and inf to null
         return [_clean(v) for v in obj]
     return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
-def write_outputs(obj, summary, out_dir):  # analysis.json (strict JSON) and summary.md, each written atomically
-    text.write_atomic(os.path.join(out_dir, "analysis.json"), json.dumps(_clean(obj), indent=1, allow_nan=False).encode())
-    text.write_atomic(os.path.join(out_dir, "summary.md"), summary.encode())
+def writable_out(out):
+    """Make the --out folder and prove it writable, failing in one line that names the option."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, ".write-test"), "w"):
+            pass
+        os.remove(os.path.join(out, ".write-test"))
+    except OSError as e:
+        raise UsageError(f"--out={out} cannot be written ({e.strerror or e}); choose another --out") from None
+    return out
 
-_fmt = lambda v, spec=".3f": "n/a" if v is None else format(v, spec)
-_ms = lambda d: "n/a" if d["mean"] is None else f"{d['mean']:.4g}" + (f" ± {d['std']:.2g}" if d["n"] > 1 else "")
+def write_outputs(obj, summary, out_dir):  # analysis.json (strict JSON) and summary.md, each written atomically
+    with nanolap.atomic_write(os.path.join(out_dir, "analysis.json")) as f:
+        f.write(json.dumps(_clean(obj), indent=1, allow_nan=False).encode())
+    with nanolap.atomic_write(os.path.join(out_dir, "summary.md")) as f:
+        f.write(summary.encode())
+
+def _fmt(v, spec=".3f"):  # a number for a table, n/a for None
+    return "n/a" if v is None else format(v, spec)
+
+
+def _ms(d):  # a _mean_std for a table: mean ± std (the std only over several seeds)
+    if d["mean"] is None:
+        return "n/a"
+    return f"{d['mean']:.4g}" + (f" ± {d['std']:.2g}" if d["n"] > 1 else "")
 
 def run_summary(res):
     s, a, fm, lw = res["settings"], res["anova"], res["final_metric"], res["layerwise"]["within_seq_frac"]
@@ -751,19 +812,7 @@ def heads_lines(heads):  # summary.md: per block, the mean rho of each kind of h
     return lines
 
 
-
-def _mean_std(values):
-    v = torch.tensor([x for x in values if x is not None], dtype=torch.float64)
-    std = (v.std().item() if len(v) > 1 else 0.0) if len(v) else None  # unbiased
-    return dict(mean=v.mean().item() if len(v) else None, std=std, n=len(v))
-
-def _mean_curve(curves):  # the mean of several runs' curves, cut to the shortest
-    n = min(len(c) for c in curves)
-    return torch.tensor([[math.nan if v is None else v for v in c[:n]] for c in curves], dtype=torch.float64).mean(0).tolist()
-
-def seeds_note(counts):  # what a comparison's error bars stand for: the runs (seeds) behind each of its points
-    n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
-    return "1 seed per point, no spread" if max(counts) == 1 else f"mean +- std over {n} seeds per point"
+# ---------------------------------------------------------------- comparisons of several runs
 
 def compare(results, out_dir, prefix, name):
     """Runs of one kind grouped by n_lap (seeds pooled): final metric, ANOVA fractions and k_alpha as mean +- std
@@ -811,16 +860,6 @@ def compare(results, out_dir, prefix, name):
     return {"name": name, "kind": kind, "where": where, "metric": metric, "groups": table, "differing_settings": differ,
             "spread": spread, "figures": [os.path.join(os.path.dirname(prefix), f) for f in figs]}  # paths in out_dir
 
-# settings that do not change what a run learns (paths, logging, hardware), ignored when comparing runs
-OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
-               "log_interval", "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from",
-               "cpu_procs", "cpu_threads"}
-
-def differing_settings(configs):
-    """Training settings, other than n_lap and seed, that all the compared runs record but set differently."""
-    keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
-    return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
-
 def run_metrics(a, result, a_all=None):
     """What a comparison tabulates of a run, from its analysis a, its RESULT line's values and (ViT, DINO) optionally
     the analysis a_all of all its tokens: the end metrics (END_METRICS; FINAL_METRIC's from log.jsonl where result
@@ -849,33 +888,6 @@ def run_metrics(a, result, a_all=None):
         rhos = [r for r in per_block if r is not None]
         m[f"rho of {kind} heads (mean)"] = sum(rhos) / len(rhos) if rhos else None
     return m
-
-def effect(v0, v1):
-    """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
-    (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0."""
-    s0, s1 = _mean_std(v0), _mean_std(v1)
-    se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"]) if min(s0["n"], s1["n"]) > 1 else None
-    return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
-
-def spearman_trend(xs, ys, samples=10_000, seed=0):
-    """Spearman's rank correlation of ys against xs (ties share their mean rank) over all runs of a set, and its
-    two-sided permutation p: the share of `samples` random pairings of the same values (fixed seed) whose |correlation|
-    reaches the observed one, counting the observed pairing once: (hits + 1) / (samples + 1)."""
-    rx, ry = _ranks(xs), _ranks(ys)
-    observed = _correlation(rx, ry[None])[0]
-    g = torch.Generator().manual_seed(seed)
-    shuffled = torch.stack([ry[torch.randperm(len(ry), generator=g)] for _ in range(samples)])
-    hits = (_correlation(rx, shuffled).abs() >= abs(observed) - 1e-12).sum().item()
-    return observed.item(), (hits + 1) / (samples + 1)
-
-def _ranks(values):  # ranks 1..n, ties at their mean rank
-    v = torch.tensor(values, dtype=torch.float64)
-    return torch.tensor([((v < x).sum() + ((v == x).sum() + 1) / 2).item() for x in v], dtype=torch.float64)
-
-def _correlation(x, ys):  # Pearson correlation of x (n,) with each row of ys (k, n)
-    x = x - x.mean()
-    ys = ys - ys.mean(-1, keepdim=True)
-    return (ys @ x) / (ys.norm(dim=-1) * x.norm()).clamp(min=1e-300)
 
 def compare_summary(comparisons, intro):
     """summary.md of compare()'s sets: the runs' metrics as mean ± std over seeds per n_lap, and the effect of the
@@ -936,7 +948,12 @@ def group_heads_lines(groups):  # summary.md: per n_lap and block, the mean rho 
                 lines.append(f"| {g['n_lap']} | {kind} | " + " | ".join(cells) + " |")
     return lines
 
+
 # ---------------------------------------------------------------- the sweep's report (--report)
+
+def _read_json(folder, name):  # folder/name as JSON, None without the file
+    path = os.path.join(folder, name)
+    return json.load(open(path)) if os.path.isfile(path) else None
 
 def collect_runs(root):
     """{set: [run]} of the folders root/<set>/<run>/ with analysis.json and result.txt: a run is its analysis.json with
@@ -944,11 +961,11 @@ def collect_runs(root):
     if not os.path.isdir(root):
         raise UsageError(f"--report={root}: no such folder; give the results folder of results/sweep.sh, e.g. "
                          f"--report=results")
-    sets, read = {}, lambda d, f: json.load(open(os.path.join(d, f))) if os.path.isfile(os.path.join(d, f)) else None
+    sets = {}
     for d in sorted(os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(root), "*", "*", "result.txt"))):
-        a = read(d, "analysis.json")
+        a = _read_json(d, "analysis.json")
         if a is not None:
-            m = run_metrics(a, nanolap.read_result(d), read(d, "analysis_all.json"))
+            m = run_metrics(a, nanolap.read_result(d), _read_json(d, "analysis_all.json"))
             sets.setdefault(os.path.basename(os.path.dirname(d)), []).append(dict(a, run=d, metrics=m))
     if not sets:
         raise UsageError(f"--report={root}: no run folders <set>/<run>/ with analysis.json and result.txt; give the "
@@ -959,46 +976,36 @@ def write_report(root, dest):
     """--report: compare() of each set of root/<set>/<run>/ (figures in dest/figures/<set>/), summary.md and the
     headline figure, from the saved artefacts alone."""
     collected, sets = collect_runs(root), {}
+    writable_out(dest)
     for name, runs in collected.items():
         cfg = runs[0]["train_config"]
         sets[name] = dict(compare(runs, dest, os.path.join("figures", name, ""), name), config=cfg,
                           label=f"{cfg['epochs']} epochs" if cfg.get("epochs") else name)
     intro = (f"`python analyze.py --report={root}`: end metrics from each run's result.txt, the rest from its "
              "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")
-    text.write_atomic(os.path.join(dest, "summary.md"), compare_summary(sets.values(), intro).encode())
+    with nanolap.atomic_write(os.path.join(dest, "summary.md")) as f:
+        f.write(compare_summary(sets.values(), intro).encode())
     headline = fig_headline(sets, os.path.join(dest, "figures", "headline.png"))
     written = [f for c in sets.values() for f in c["figures"]] + ["summary.md", os.path.join("figures", headline)]
     print("\n".join(f"wrote {os.path.join(dest, f)}" for f in written))
     nanolap.write_result(dest, sets=",".join(sets), runs=sum(map(len, collected.values())), out=dest)
 
+
 # ---------------------------------------------------------------- run
 
-if __name__ == "__main__":
-    # positional arguments: run directories or ckpt.pt files (a missing path: a mistyped run), and config files
-    is_run = lambda a: not a.startswith("-") and (os.path.isdir(a) or a.endswith(".pt") or not os.path.exists(a))
-    config, _ = nanolap.configure(globals(), [a for a in sys.argv[1:] if not is_run(a)])  # no literal global before it
-    paths = [a for a in sys.argv[1:] if is_run(a)]
-    if report:  # the sweep's report from saved artefacts: no checkpoint, model or data
-        if paths:
-            raise UsageError(f"--report reads {report}/<set>/<run>/ alone; give it no run directories ({paths[0]})")
-        write_report(report, out or report)
-        sys.exit(0)
-    # ---- validation of the options and of every checkpoint, before any work
+def checked_checkpoints(paths, config):
+    """[(ckpt.pt path, what the analysis needs of it)] for the run directories or checkpoints given, each checked
+    against the options before any work (the optimiser state is dropped at once). Raises UsageError."""
     missing = [p for p in paths if not os.path.exists(p)]
     if missing or not paths:
         raise UsageError(f"{missing[0]}: no such run directory, checkpoint or config file" if missing else "give one or "
                          "more run directories (each with ckpt.pt and log.jsonl): python analyze.py out/vit [out/vit-k4 ...]")
-    if tokens not in ("patch", "all"):
-        raise UsageError(f"--tokens={tokens!r}: use 'patch' (patch tokens only) or 'all' (with the CLS token)")
-    if len(etf_classes) != 3 or len(set(etf_classes)) != 3 or not all(isinstance(c, int) and c >= 0 for c in etf_classes):
-        raise UsageError(f"--etf_classes={etf_classes}: give three different class indices, e.g. --etf_classes=[0,1,2]")
-    for key, least in (("max_samples", 1), ("batch_size", 1), ("n_targets", 2)):
-        if config[key] < least:
-            raise UsageError(f"--{key}={config[key]}: must be at least {least}")
-    device = nanolap.resolve_device("cpu" if device == "auto" and not torch.cuda.is_available() else device)
-    if device == "mps":
-        raise UsageError("--device=mps: the statistics need float64, which MPS lacks; use --device=cpu")
-    ckpts = []  # (ckpt.pt path, what the analysis needs of it: the optimiser state is dropped at once)
+    etf = config["etf_classes"]
+    if len(etf) != 3 or len(set(etf)) != 3 or not all(isinstance(c, int) and c >= 0 for c in etf):
+        raise UsageError(f"--etf_classes={etf}: give three different class indices, e.g. --etf_classes=[0,1,2]")
+    nanolap.check_options(config, at_least={1: ["max_samples", "batch_size"], 2: ["n_targets"]},
+                          choices={"tokens": ("patch", "all")})
+    ckpts = []
     for p in paths:
         path = p if p.endswith(".pt") else os.path.join(p, "ckpt.pt")
         ckpt = nanolap.load_checkpoint(path)
@@ -1006,96 +1013,137 @@ if __name__ == "__main__":
             raise UsageError(f"{path}: not a checkpoint of the training scripts (kind {ckpt.get('kind')!r}, expected one "
                              f"of {sorted(FINAL_METRIC)}, with model and model_config)")
         mc = ckpt["model_config"]
-        if layer != -1 and not 1 <= layer <= mc["n_layer"]:
-            raise UsageError(f"--layer={layer}: use -1 (final norm) or a block number from 1 to {mc['n_layer']}")
-        if ckpt["kind"] == "gpt" and seq_len > mc["block_size"]:
-            raise UsageError(f"--seq_len={seq_len} is longer than the model's block_size={mc['block_size']}")
-        ckpts.append((path, {k: ckpt[k] for k in ("kind", "model_config", "model", "config", "step", "classes", "mean",
-                                                  "std") if k in ckpt}))
-    if not out:
-        parent = os.path.commonpath([os.path.abspath(os.path.dirname(p)) for p, _ in ckpts])
-        out = os.path.join(parent, "analysis") if len(paths) == 1 or parent != os.getcwd() else "out-analysis"
+        if config["layer"] != -1 and not 1 <= config["layer"] <= mc["n_layer"]:
+            raise UsageError(f"--layer={config['layer']}: use -1 (final norm) or a block number from 1 to {mc['n_layer']}")
+        if ckpt["kind"] == "gpt" and config["seq_len"] > mc["block_size"]:
+            raise UsageError(f"--seq_len={config['seq_len']} is longer than the model's block_size={mc['block_size']}")
+        kept = ("kind", "model_config", "model", "config", "step", "classes", "mean", "std")
+        ckpts.append((path, {k: ckpt[k] for k in kept if k in ckpt}))
+    return ckpts
+
+def analyze_run(path, ckpt, out_dir, config, device):
+    """One run: its evaluation data, one streaming pass (metrics and per-head analysis), its figures, analysis.json and
+    summary.md in out_dir. Returns the analysis (a dict, as analysis.json holds it)."""
+    kind, cfg, run_dir = ckpt["kind"], ckpt.get("config", {}), os.path.dirname(path)
+    layer = config["layer"]
     where = "final norm" if layer == -1 else f"after block {layer}"  # the tokens analysed
-    print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in {**config, "device": device}.items()), flush=True)
-    # ---- every run: its evaluation data, one streaming pass, figures, analysis.json and summary.md
-    results, used = [], set()
-    for path, ckpt in ckpts:
-        kind, cfg, run_dir = ckpt["kind"], ckpt.get("config", {}), os.path.dirname(path)
+    name = os.path.basename(os.path.normpath(run_dir)) or run_dir
+    model = nanolap.load_model(ckpt).to(device).eval()
+    x_lap, label = lap_label(model.config.n_lap)
+    res = {"run": run_dir, "kind": kind, "n_lap": model.config.n_lap, "n_lap_mean": x_lap, "n_lap_label": label,
+           "n_head": model.config.n_head, "seed": cfg.get("seed"), "step": ckpt.get("step"),
+           "final_metric": final_metric(run_dir, kind), "train_config": cfg}
+    title = f"{name} ({kind}, n_lap={label})"
+    t0 = time.time()
+    print(f"analysing {path}: {kind}, n_lap={label}, {model.num_params() / 1e6:.2f}M params, on {device}", flush=True)
+    data_dir, dataset = cfg.get("data_dir", "data"), cfg.get("dataset")
+    if kind == "gpt":
+        T = config["seq_len"] or cfg.get("block_size") or model.config.block_size
+        x, targets = text.load_windows(data_dir, dataset, T, config["max_samples"])
+        r, top = gpt_pass(model, x, targets, layer, config["n_targets"], config["batch_size"], device)
+        res.update(r)
+        res["anova"].update(targets=top, target_names=text.token_names(data_dir, dataset, top))
+        res["settings"] = dict(layer=layer, tokens="all positions of each window", seq_len=T, n_samples=len(x),
+                               n_targets=config["n_targets"], dataset=dataset)
+        anova_fig = fig_anova([res["anova"]], ["all positions"], FRACS[1:], f"next-token classes: top "
+                              f"{res['anova']['n_classes']} targets, NC1 = {res['nc']['nc1']:.3g}\n{title}",
+                              where, os.path.join(out_dir, "anova.png"))
+    else:
+        x, y, names, mean, std = images.eval_images(ckpt, config["max_samples"], config["seed"])
+        etf = config["etf_classes"]
+        if model.config.num_classes and not set(etf) <= set(y.tolist()):  # before the long pass
+            raise UsageError(f"--etf_classes={etf}: not every class occurs among the {len(y)} analysed "
+                             f"images; choose others or raise --max_samples")
+        n_keep = config["pca_images"] if kind == "vit" else config["map_images"]
+        r, extra = image_pass(model, x, y, max(int(y.max()) + 1, model.config.num_classes), mean, std, layer,
+                              config["tokens"] == "patch", n_keep, config["batch_size"], device)
+        res.update(r)
+        tokens = "patch tokens only" if config["tokens"] == "patch" else "patch tokens and the CLS token"
+        res["settings"] = dict(layer=layer, tokens=tokens, n_samples=len(x), dataset=dataset,
+                               normalisation=dict(mean=mean, std=std))
+        lw = res["layerwise"]
+        anova_fig = fig_anova(lw["anova"], lw["layer"], FRACS, title, "after block", os.path.join(out_dir, "anova.png"))
+    collapse = fig_collapse([(None, "C0", res["layerwise"])], res["layerwise"]["layer"], title,
+                            os.path.join(out_dir, "collapse.png"))
+    spectrum = fig_spectrum([("mean $\\lambda_j$", "C0", res["spectrum"]["lambda_mean"])], title,
+                            os.path.join(out_dir, "spectrum.png"), res["spectrum"])
+    figs = [spectrum, collapse, anova_fig] if kind == "gpt" else [collapse, anova_fig, spectrum]
+    figs.append(fig_heads(res["heads"], title, os.path.join(out_dir, "heads.png")))
+    if kind == "vit":
+        figs.append(fig_pca(extra["kept"], y, names, where, title, os.path.join(out_dir, "pca.png")))
+        res["settings"]["pca_images"] = len(extra["kept"])
+        if "pooled" in extra:
+            figs += classifier_analyses(model, extra, y, names, config["etf_classes"], res, title, out_dir)
+    elif kind == "dino":
+        grid = (x.shape[-2] // model.config.patch_size, x.shape[-1] // model.config.patch_size)
+        figs.append(fig_pca_maps(extra["kept"], extra["shown"], grid, title, os.path.join(out_dir, "pca_maps.png")))
+        res["settings"]["map_images"] = len(extra["kept"])
+    res["figures"] = figs
+    res["out_dir"] = out_dir
+    write_outputs(res, run_summary(res), out_dir)
+    print(f"{name}: {len(x)} sequences, {time.time() - t0:.1f}s; wrote {out_dir}: analysis.json, summary.md, "
+          f"{', '.join(figs)}", flush=True)
+    return res
+
+def compare_runs(results, out):
+    """Several runs: the comparisons over n_lap of each kind with two or more runs, in out."""
+    groups = {kind: [r for r in results if r["kind"] == kind] for kind in sorted({r["kind"] for r in results})}
+    for kind in [kind for kind, group in groups.items() if len(group) < 2]:
+        print(f"only one {kind} run: no {kind} comparison")
+    for r in results:
+        r["metrics"] = run_metrics(r, nanolap.read_result(r["run"]))
+    comparisons = [compare(group, out, f"compare_{kind}_", kind) for kind, group in groups.items() if len(group) > 1]
+    intro = ("End metrics from each run's result.txt (else its log.jsonl), the rest from its analysis; mean ± std "
+             "(unbiased) over seeds. Per-run analyses (analysis.json, summary.md, figures): "
+             + ", ".join(f"{os.path.basename(r['out_dir'])}/" for r in results) + ".")
+    write_outputs({"runs": results, "comparisons": comparisons}, compare_summary(comparisons, intro), out)
+    print(f"wrote {out}: analysis.json, summary.md, " + ", ".join(f for c in comparisons for f in c["figures"]))
+    return comparisons
+
+def is_run_path(arg):  # a positional argument naming a run: a folder, a .pt file, or a missing path (a mistyped run)
+    return not arg.startswith("-") and (os.path.isdir(arg) or arg.endswith(".pt") or not os.path.exists(arg))
+
+def run_folders(ckpts, out):
+    """The output folder of each run: out itself for one run, out/<run name> (made unique) for several."""
+    if len(ckpts) == 1:
+        return [out]
+    folders = []
+    for path, _ in ckpts:
+        run_dir = os.path.dirname(path)
         name = os.path.basename(os.path.normpath(run_dir)) or run_dir
-        sub = next(s for s in [name] + [f"{name}-{n}" for n in range(2, len(paths) + 2)] if s not in used)
-        used.add(sub)
-        out_dir = os.path.join(out, sub) if len(paths) > 1 else out  # several runs: one folder each
-        os.makedirs(out_dir, exist_ok=True)
-        model = nanolap.load_model(ckpt).to(device).eval()
-        x_lap, label = lap_label(model.config.n_lap)
-        res = {"run": run_dir, "kind": kind, "n_lap": model.config.n_lap, "n_lap_mean": x_lap, "n_lap_label": label,
-               "n_head": model.config.n_head, "seed": cfg.get("seed"), "step": ckpt.get("step"),
-               "final_metric": final_metric(run_dir, kind), "train_config": cfg}
-        title, fig_path, t0 = f"{name} ({kind}, n_lap={label})", lambda f: os.path.join(out_dir, f), time.time()
-        print(f"analysing {path}: {kind}, n_lap={label}, {model.num_params() / 1e6:.2f}M params, on {device}", flush=True)
-        data_dir, dataset = cfg.get("data_dir", "data"), cfg.get("dataset")
-        if kind == "gpt":
-            T = seq_len or cfg.get("block_size") or model.config.block_size
-            x, targets = text.load_windows(data_dir, dataset, T, max_samples)
-            r, top = gpt_pass(model, x, targets, layer, n_targets, batch_size, device)
-            res.update(r)
-            res["anova"].update(targets=top, target_names=text.token_names(data_dir, dataset, top))
-            res["settings"] = dict(layer=layer, tokens="all positions of each window", seq_len=T, n_samples=len(x),
-                                   n_targets=n_targets, dataset=dataset)
-            anova_fig = fig_anova([res["anova"]], ["all positions"], FRACS[1:], f"next-token classes: top "
-                                  f"{res['anova']['n_classes']} targets, NC1 = {res['nc']['nc1']:.3g}\n{title}",
-                                  where, fig_path("anova.png"))
-        else:
-            x, y, names, mean, std = eval_images(ckpt, max_samples, seed)
-            if model.config.num_classes and not set(etf_classes) <= set(y.tolist()):  # before the long pass
-                raise UsageError(f"--etf_classes={etf_classes}: not every class occurs among the {len(y)} analysed "
-                                 f"images; choose others or raise --max_samples")
-            r, extra = image_pass(model, x, y, max(int(y.max()) + 1, model.config.num_classes), mean, std, layer,
-                                  tokens == "patch", pca_images if kind == "vit" else map_images, batch_size, device)
-            res.update(r)
-            res["settings"] = dict(layer=layer, tokens="patch tokens only" if tokens == "patch" else
-                                   "patch tokens and the CLS token", n_samples=len(x), dataset=dataset,
-                                   normalisation=dict(mean=mean, std=std))
-            lw = res["layerwise"]
-            anova_fig = fig_anova(lw["anova"], lw["layer"], FRACS, title, "after block", fig_path("anova.png"))
-        collapse = fig_collapse([(None, "C0", res["layerwise"])], res["layerwise"]["layer"], title, fig_path("collapse.png"))
-        spectrum = fig_spectrum([("mean $\\lambda_j$", "C0", res["spectrum"]["lambda_mean"])], title,
-                                fig_path("spectrum.png"), res["spectrum"])
-        figs = [spectrum, collapse, anova_fig] if kind == "gpt" else [collapse, anova_fig, spectrum]
-        figs.append(fig_heads(res["heads"], title, fig_path("heads.png")))
-        if kind == "vit":
-            figs.append(fig_pca(extra["kept"], y, names, where, title, fig_path("pca.png")))
-            res["settings"]["pca_images"] = len(extra["kept"])
-            if "pooled" in extra:
-                figs += classifier_analyses(model, extra, y, names, etf_classes, res, title, out_dir)
-        elif kind == "dino":
-            grid = (x.shape[-2] // model.config.patch_size, x.shape[-1] // model.config.patch_size)
-            figs.append(fig_pca_maps(extra["kept"], extra["shown"], grid, title, fig_path("pca_maps.png")))
-            res["settings"]["map_images"] = len(extra["kept"])
-        res["figures"], res["out_dir"] = figs, out_dir
-        write_outputs(res, run_summary(res), out_dir)
-        print(f"{name}: {len(x)} sequences, {time.time() - t0:.1f}s; wrote {out_dir}: analysis.json, summary.md, "
-              f"{', '.join(figs)}", flush=True)
-        results.append(res)
-    # ---- one run: its RESULT line; several: the comparisons over n_lap
-    if len(results) == 1:
+        sub = next(s for s in [name] + [f"{name}-{n}" for n in range(2, len(ckpts) + 2)]
+                   if os.path.join(out, s) not in folders)
+        folders.append(os.path.join(out, sub))
+    return folders
+
+if __name__ == "__main__":
+    config, _ = nanolap.configure(globals(), [a for a in sys.argv[1:] if not is_run_path(a)])
+    paths = [a for a in sys.argv[1:] if is_run_path(a)]
+    if report:  # the sweep's report from saved artefacts: no checkpoint, model or data
+        if paths:
+            raise UsageError(f"--report reads {report}/<set>/<run>/ alone; give it no run directories ({paths[0]})")
+        write_report(report, out or report)
+        sys.exit(0)
+    ckpts = checked_checkpoints(paths, config)
+    analysis_device = nanolap.resolve_device("cpu" if device == "auto" and not torch.cuda.is_available() else device)
+    if analysis_device == "mps":
+        raise UsageError("--device=mps: the statistics need float64, which MPS lacks; use --device=cpu")
+    parent = os.path.commonpath([os.path.abspath(os.path.dirname(p)) for p, _ in ckpts])
+    default_out = os.path.join(parent, "analysis") if len(ckpts) == 1 or parent != os.getcwd() else "out-analysis"
+    out_root = writable_out(out or default_out)
+    print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in {**config, "device": analysis_device}.items()),
+          flush=True)
+    results = []
+    for (path, ckpt), folder in zip(ckpts, run_folders(ckpts, out_root)):
+        results.append(analyze_run(path, ckpt, writable_out(folder), config, analysis_device))
+    if len(results) == 1:  # one run: its RESULT line
         r = results[0]
         nc1 = r["nc"]["nc1"] if r["kind"] == "gpt" else r.get("nc", {}).get("pooled", {}).get("nc1")
-        nanolap.write_result(out, kind=r["kind"], n_lap=r["n_lap_label"].replace(" ", ""),
+        nanolap.write_result(out_root, kind=r["kind"], n_lap=r["n_lap"],
                              within_seq_frac=_fmt(pick_layer(r["layerwise"]["within_seq_frac"], layer), ".4f"),
                              **{f"k_{a}": f"{r['spectrum'][f'k_{a}']:.2f}" for a in ALPHAS},
-                             **({} if nc1 is None else {"nc1": f"{nc1:.4g}"}), out=out)
+                             **({} if nc1 is None else {"nc1": f"{nc1:.4g}"}), out=out_root)
     else:
-        groups = {kind: [r for r in results if r["kind"] == kind] for kind in sorted({r["kind"] for r in results})}
-        for kind in [kind for kind, group in groups.items() if len(group) < 2]:
-            print(f"only one {kind} run: no {kind} comparison")
-        for r in results:
-            r["metrics"] = run_metrics(r, nanolap.read_result(r["run"]))
-        comparisons = [compare(group, out, f"compare_{kind}_", kind)
-                       for kind, group in groups.items() if len(group) > 1]
-        intro = ("End metrics from each run's result.txt (else its log.jsonl), the rest from its analysis; mean ± std "
-                 "(unbiased) over seeds. Per-run analyses (analysis.json, summary.md, figures): "
-                 + ", ".join(f"{os.path.basename(r['out_dir'])}/" for r in results) + ".")
-        write_outputs({"runs": results, "comparisons": comparisons}, compare_summary(comparisons, intro), out)
-        print(f"wrote {out}: analysis.json, summary.md, " + ", ".join(f for c in comparisons for f in c["figures"]))
-        nanolap.write_result(out, runs=len(results), comparisons=",".join(c["kind"] for c in comparisons) or "none", out=out)
+        comparisons = compare_runs(results, out_root)
+        nanolap.write_result(out_root, runs=len(results), out=out_root,
+                             comparisons=",".join(c["kind"] for c in comparisons) or "none")

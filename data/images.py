@@ -106,10 +106,10 @@ def load_images(name, data_dir="data"):
     return dict(train=split["train"], val=split["val"], num_classes=len(classes), classes=classes, mean=mean, std=std)
 
 
-def fixed_subset(n, limit):
-    """Indices of a fixed random subset of n items, the same for every run and seed (a --train_subset, the evaluation
-    images); limit 0 (or >= n) = all, in a fixed random order."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1234))
+def fixed_subset(n, limit, seed=1234):
+    """Indices of a fixed random subset of n items, the same for every run (a --train_subset, the evaluation images;
+    analyze.py passes its --seed); limit 0 (or >= n) = all, in a fixed random order."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return perm[:limit] if 0 < limit < n else perm
 
 
@@ -130,6 +130,33 @@ def load_eval_images(data, split, limit, size, num_workers=0):
 
 # -----------------------------------------------------------------------------
 # ImageNet-style folders: root/train/<class>/*.jpg and root/val/<class>/*.jpg
+
+
+def eval_images(ckpt, max_samples, seed):
+    """A fixed random subset (at most max_samples, chosen by seed, sorted) of the images a run was evaluated on: a ViT's
+    validation split, DINO's k-NN images (train_dino.py's eval_val at global_size). Returns (x uint8 (N, C, H, W),
+    y (N,), class names, mean, std): the normalisation stored in the checkpoint, else the dataset's training
+    statistics (folders: ImageNet's). analyze.py and the exercises measure these images."""
+    cfg = ckpt.get("config", {})
+    img_size = ckpt["model_config"]["img_size"]
+    dataset = cfg.get("dataset")
+    data_dir = cfg.get("data_dir", "data")
+    workers = cfg.get("num_workers", 8)
+    folder = dataset == "imagefolder"
+    if ckpt["kind"] == "dino":  # exactly train_dino.py's evaluation images
+        data = imagefolder_squares(data_dir, cfg.get("imagefolder_base", 256)) if folder else load_images(dataset, data_dir)
+        x, y = load_eval_images(data, "val", cfg.get("eval_val", 5000), cfg.get("global_size", img_size), workers)
+        idx = fixed_subset(len(x), min(max_samples, len(x)), seed).sort().values
+    elif folder:  # decode only the analysed subset of the validation folder
+        val = imagefolder_datasets(data_dir, img_size)[1]
+        data = dict(classes=val.classes, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        x, y = decode_folder(val, fixed_subset(len(val), min(max_samples, len(val)), seed).sort().values, img_size, workers)
+        idx = slice(None)
+    else:
+        data = load_images(dataset, data_dir)
+        x, y = data["val"]
+        idx = fixed_subset(len(x), min(max_samples, len(x)), seed).sort().values
+    return (x[idx], y[idx].long(), *(ckpt.get(k, data[k]) for k in ("classes", "mean", "std")))
 
 
 def _check_folders(path):

@@ -22,11 +22,10 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the repo root: nanolap, data, analyze
+sys.path.insert(0, os.path.dirname(HERE))  # the repo root: nanolap, data
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import analyze  # noqa: E402
 import nanolap  # noqa: E402
 from data import augment, images, text  # noqa: E402
 from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
@@ -176,14 +175,22 @@ def collapse_curve(frac, n_lap, residual, depth, n_seq, seq_len, n_embd, n_head,
     return curve
 
 
+def reference_within_seq_frac(h):
+    """The checker's own WithinSeqVar / TotalVar of h (N, T, d), as analyze.py's ANOVA defines it."""
+    h = h.double()
+    within = (h - h.mean(1, keepdim=True)).square().sum()
+    total = (h - h.mean((0, 1))).square().sum()
+    return (within / total).item()
+
+
 def check_4(ex, depth, n_seq, seq_len, n_embd, n_head, out, figure, seed):
     g = torch.Generator().manual_seed(seed)
     x, ok = torch.randn(8, 10, 6, generator=g), True
     cases = {"random tokens": x, "shifted sequences": x + 5 * torch.randn(8, 1, 6, generator=g),
              "identical tokens in each sequence": torch.randn(8, 1, 6, generator=g).expand(8, 10, 6)}
     for name, h in cases.items():
-        want, got = analyze.anova(h, torch.zeros(8, dtype=torch.long))["within_seq_frac"], ex.within_seq_frac(h)
-        ok &= expect(abs(want - got) < 1e-9, f"{name}: within_seq_frac {got:.6f}, analyze.anova says {want:.6f}")
+        want, got = reference_within_seq_frac(h), ex.within_seq_frac(h)
+        ok &= expect(abs(want - got) < 1e-9, f"{name}: within_seq_frac {got:.6f}, the checker's says {want:.6f}")
     if not ok:
         return False
     sizes = dict(depth=depth, n_seq=n_seq, seq_len=seq_len, n_embd=n_embd, n_head=n_head, seed=seed)
@@ -341,22 +348,33 @@ def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_im
 
 # ---- exercise 7: the spectrum by hand ----------------------------------------------------------------------------
 
+ALPHAS = (0.9, 0.99)  # analyze.py's k_alpha thresholds
+
+
+def reference_k_alpha(h, alphas=ALPHAS):
+    """The checker's own mean k_alpha of h (N, T, d), from singular values (analyze.py uses eigenvalues): per sequence
+    the smallest k whose top-k squared singular values of the centred tokens reach alpha of their sum."""
+    x = h.double() - h.double().mean(1, keepdim=True)
+    lam = torch.linalg.svdvals(x).square()  # (N, min(T, d)), descending
+    share = lam.cumsum(-1) / lam.sum(-1, keepdim=True)
+    return {f"k_{a}": ((share < a - 1e-12).sum(-1) + 1).clamp(max=lam.shape[-1]).double().mean().item() for a in alphas}
+
+
 def trained_tokens(run, max_samples, seed):
     """Final-norm patch tokens (N, T, d) of the validation images that `analyze.py RUN --max_samples=N` measures,
-    with analyze.py's k_alpha of them (streamed in its batches of 64), and the value in RUN/analysis/analysis.json."""
+    the checker's k_alpha of them, and the value in RUN/analysis/analysis.json."""
     ckpt = nanolap.load_checkpoint(os.path.join(run, "ckpt.pt"))
     model = nanolap.load_model(ckpt).eval()
-    x, _, _, mean, std = analyze.eval_images(ckpt, max_samples, seed)
+    x, _, _, mean, std = images.eval_images(ckpt, max_samples, seed)
     mean, std = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
-    stats, hs = analyze.SpectrumStats(), []
+    hs = []
     with torch.no_grad():
         for i in range(0, len(x), 64):
-            h = model.forward_features((augment.to_unit(x[i:i + 64], model.config.img_size) - mean) / std)[:, 1:]
-            stats.update(h)
-            hs.append(h)
+            hs.append(model.forward_features((augment.to_unit(x[i:i + 64], model.config.img_size) - mean) / std)[:, 1:])
     path = os.path.join(run, "analysis", "analysis.json")
     stored = json.load(open(path))["spectrum"] if os.path.isfile(path) else None
-    return torch.cat(hs), stats.result(), stored
+    h = torch.cat(hs)
+    return h, reference_k_alpha(h), stored
 
 
 def check_7(ex, run, max_samples, seed):
@@ -375,13 +393,11 @@ def check_7(ex, run, max_samples, seed):
         model = build_model(make_config("vit-cpu", n_lap=2)).eval()
         with torch.no_grad():
             h = model.forward_features(torch.randn(64, 1, 28, 28))[:, 1:]  # (64, 16, 64)
-        ref, stored, what = analyze.SpectrumStats(), None, "an untrained vit-cpu, 64 random images (pass --run=DIR)"
-        ref.update(h)
-        ref = ref.result()
+        ref, stored, what = reference_k_alpha(h), None, "an untrained vit-cpu, 64 random images (pass --run=DIR)"
     print(f"tokens: {what}, shape {tuple(h.shape)}")
-    for alpha in analyze.ALPHAS:
+    for alpha in ALPHAS:
         got, want = ex.k_alpha(h, alpha), ref[f"k_{alpha}"]
-        ok &= expect(abs(got - want) < 1e-9, f"k_{alpha}: yours {got:.4f}, analyze.py's {want:.4f}")
+        ok &= expect(abs(got - want) < 1e-9, f"k_{alpha}: yours {got:.4f}, the checker's {want:.4f}")
     if stored is not None:
         print(f"  {run}/analysis/analysis.json says k_0.99 = {stored['k_0.99']:.4f} "
               f"(over its {stored['n_sequences']} sequences: run analyze.py with the same --max_samples)")

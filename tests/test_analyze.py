@@ -8,6 +8,7 @@ import gzip
 import json
 import math
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -623,16 +624,16 @@ def test_eval_images_follow_the_training_scripts(fashion_dir):
     split = images.load_images("fashion_mnist", fashion_dir)
     cfg = dict(dataset="fashion_mnist", data_dir=fashion_dir, eval_val=20, global_size=28)
     mc = dict(img_size=28)
-    x, y, names, mean, std = analyze.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 0)
+    x, y, names, mean, std = images.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 0)
     knn_x, knn_y = images.load_eval_images(split, "val", 20, 28)
     assert len(x) == 12 and mean == pytest.approx([np.mean(train_pixels(fashion_dir)) / 255]) and std == split["std"]
     rows = {t.numpy().tobytes(): int(c) for t, c in zip(knn_x, knn_y)}
     assert all(rows.get(t.numpy().tobytes()) == int(c) for t, c in zip(x, y))  # every image is a k-NN image
-    x2, y2, *_ = analyze.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 0)
+    x2, y2, *_ = images.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 0)
     assert torch.equal(x, x2) and torch.equal(y, y2)  # a fixed subset
-    x3, *_ = analyze.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 1)
+    x3, *_ = images.eval_images(dict(kind="dino", config=cfg, model_config=mc), 12, 1)
     assert not torch.equal(x, x3)  # another --seed, another subset
-    xv, yv, names, mean, _ = analyze.eval_images(dict(kind="vit", config=cfg, model_config=mc, mean=[0.3]), 100, 0)
+    xv, yv, names, mean, _ = images.eval_images(dict(kind="vit", config=cfg, model_config=mc, mean=[0.3]), 100, 0)
     assert torch.equal(xv, split["val"][0]) and mean == [0.3] and names == split["classes"]  # all 60, in order
 
 
@@ -667,7 +668,7 @@ def test_end_to_end_gpt(tmp_path, capsys):
     assert m["val_bpb"] == 2.2 and m["within_class (next-token)"] == a["within_class_frac"] and m["nc1"] == res["nc"]["nc1"]
     assert m["within_seq after last block"] == res["layerwise"]["within_seq_frac"][1] and "within_seq (patch)" not in m
     r = result_line(capsys.readouterr().out)
-    assert r["kind"] == "gpt" and r["n_lap"] == "2[0,4]" and r["nc1"] == f"{res['nc']['nc1']:.4g}"
+    assert r["kind"] == "gpt" and r["n_lap"] == "[0,4]" and r["nc1"] == f"{res['nc']['nc1']:.4g}"
     # the windows: evenly spread, non-overlapping, inputs followed by their next-token targets
     x, t = text.load_windows(data_dir, "tiny", 16, 5)
     val = np.fromfile(os.path.join(data_dir, "tiny", "val.bin"), dtype=np.uint16)
@@ -883,6 +884,10 @@ def test_bad_input(tmp_path, fashion_dir):
         run_analyze(run, "--n_targets=1")
     with pytest.raises(UsageError, match="no such run directory"):
         run_analyze(str(tmp_path / "typo"))
+    (tmp_path / "file").write_text("")
+    for bad in ("/proc/nope", str(tmp_path / "file" / "sub")):  # the option and the way out, not an OSError
+        with pytest.raises(UsageError, match=f"^--out={re.escape(bad)} cannot be written .*; choose another --out$"):
+            run_analyze(run, f"--out={bad}", "--max_samples=4")
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run_analyze(str(tmp_path / "empty"))

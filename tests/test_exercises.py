@@ -223,3 +223,24 @@ def test_command_line():
     p = subprocess.run([sys.executable, "exercises/check.py", "2"], capture_output=True, text=True, env=ENV,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 1 and p.stdout.rstrip().endswith("FAIL: exercise 2")
+
+
+def test_the_checkers_references_agree_with_analyze_and_it_imports_no_script():
+    """check.py computes its own references (WithinSeqVar share, k_alpha from singular values) instead of importing the
+    analyze.py script: they must agree with analyze.py's, on random tokens and on tokens with a tied spectrum."""
+    import torch
+    sys.path.insert(0, ROOT)
+    import analyze
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(20, 9, 5, generator=g) @ torch.randn(5, 12, generator=g)  # rank 5 < T - 1: a zero tail
+    assert check.reference_within_seq_frac(h) == pytest.approx(analyze.anova(h, torch.zeros(20, dtype=torch.long))
+                                                               ["within_seq_frac"], rel=1e-12)
+    stats = analyze.SpectrumStats()
+    stats.update(h)
+    assert check.reference_k_alpha(h) == pytest.approx({f"k_{a}": stats.result()[f"k_{a}"] for a in analyze.ALPHAS})
+    assert check.ALPHAS == analyze.ALPHAS
+    tree = ast.parse(open(os.path.join(EXERCISES, "check.py")).read())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    scripts = {os.path.splitext(f)[0] for f in os.listdir(ROOT) if f.endswith(".py") and f != "nanolap.py"}
+    assert not imported & scripts, imported & scripts
