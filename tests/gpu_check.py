@@ -71,8 +71,9 @@ def row(part, check, value, limit="", ok=True, key=None, number=None):
 def run_command(cmd, timeout, env=None):
     """(return code, output lines with the seconds at which each arrived) of a command run in the repository root;
     return code None when it ran past timeout seconds."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    start, lines = time.perf_counter(), []
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    lines = []
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killer = threading.Timer(timeout, proc.kill)  # also when the command hangs without a word
     killer.start()
@@ -88,6 +89,12 @@ def result_of(lines):
     """The key=value pairs of the last RESULT line ({} without one)."""
     found = [text for _, text in lines if text.startswith("RESULT ")]
     return dict(word.split("=", 1) for word in found[-1].split()[1:]) if found else {}
+
+
+def logged_losses(lines):
+    """The losses of a run's progress lines ('| loss 2.3012 |') and of its RESULT line."""
+    logged = [float(m) for _, text in lines for m in re.findall(r"\| loss (\S+) \|", text)]
+    return logged + [float(v) for k, v in result_of(lines).items() if "loss" in k]
 
 
 def tail(lines, n=3):
@@ -354,7 +361,7 @@ def script_rows(name, per_step, unit, flops_per_step, peak, code, lines):
     rate, compile_s = timing(lines)
     memory = peak_memory(lines)
     mfu = f"{flops_per_step * rate / peak:.1%}" if peak and rate else "-"
-    losses = [float(v) for k, v in result.items() if "loss" in k]
+    losses = logged_losses(lines)
     shown = " ".join(f"{k}={v}" for k, v in result.items() if k in ("steps", "seconds", "val_acc", "val_bpb", "knn_acc"))
     speed = f"{rate:.2f} | {rate * per_step:,.0f} | {mfu}" if rate else "too few progress lines"
     setup = f"{compile_s:.0f} | {'-' if memory is None else memory}" if compile_s is not None else "-"
@@ -365,7 +372,8 @@ def script_rows(name, per_step, unit, flops_per_step, peak, code, lines):
 
 
 def part_scripts(device="cuda", out="out-gpu-check", timeout=180):
-    rows, peak = [], peak_flops(device)
+    rows = []
+    peak = peak_flops(device)
     for name, (script, options, colour, per_step, unit, flops_per_step) in script_runs(device, out).items():
         code, lines = run_command(timed_command(script, options, colour), timeout)
         rows += script_rows(name, per_step, unit, flops_per_step, peak, code, lines)
@@ -454,7 +462,9 @@ def print_table(rows):
 def main(parts, out):
     name = torch.cuda.get_device_name(0)
     print(f"gpu_check: {name}, {torch.cuda.device_count()} GPU(s), torch {torch.__version__}, parts {','.join(parts)}", flush=True)
-    rows, seconds, start = [], {}, time.perf_counter()
+    start = time.perf_counter()
+    rows = []
+    seconds = {}
     for part in parts:
         t0 = time.perf_counter()
         if part == "equal":

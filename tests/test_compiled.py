@@ -6,32 +6,31 @@ tests/gpu_check.py that a CPU can run (its comparisons, its run set-up and its o
 
     python -m pytest -q -m slow tests/test_compiled.py
 
-The eight script runs go two at a time (two cores); the model tests compile in this process meanwhile.
+The ten script runs go two at a time (two cores); the model tests compile in this process meanwhile.
 """
 
 import ast
 import glob
-import importlib.util
 import math
 import os
 import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+import conftest
 import gpu_check
 import nanolap
+from conftest import ROOT
 from nanolap import build_model, load_checkpoint, make_config
 
 pytestmark = pytest.mark.slow
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+ENV = dict(conftest.ENV, TORCHINDUCTOR_COMPILE_THREADS="1")  # inductor compiles in this process: no worker pool
 
 # a few steps of each script, on top of the options of the run under test (later options win)
 TINY = {
@@ -42,27 +41,17 @@ TINY = {
             "--block_size=32", "--batch_size=4", "--max_iters=4", "--eval_interval=4", "--eval_iters=2",
             "--log_interval=1", "--max_new_tokens=0"],
     "dino": ["--device=cpu", "--cpu_procs=1", "--dataset=synthetic", "--n_layer=2", "--n_embd=32", "--n_head=2",
-             "--n_lap=[0,2]", "--out_dim=64", "--head_hidden=32", "--head_bottleneck=16", "--train_limit=128",
+             "--n_lap=[0,2]", "--out_dim=64", "--head_hidden=32", "--head_bottleneck=16", "--train_subset=128",
              "--batch_size=32", "--epochs=1", "--eval_train=128", "--eval_val=64", "--probe_steps=5",
              "--seg_dataset=none", "--log_interval=1", "--eval_interval=100"],
 }
 
 
-def char_dataset(root):
-    """data_dir with a 'tiny' character dataset made by data/shakespeare_char/prepare.py's prepare()."""
-    spec = importlib.util.spec_from_file_location("prepare_char", os.path.join(ROOT, "data/shakespeare_char/prepare.py"))
-    prepare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prepare)
-    corpus = "".join(f"KING {i % 7}:\nthe crown, the night; my lord {i % 13} loves thee.\n\n" for i in range(3000))
-    prepare.prepare(corpus, os.path.join(root, "tiny"), "test text")
-    return root
-
-
-def script_commands(tmp):
+def script_commands(tmp, data_dir):
     """name -> command of every script run, all of them on the CPU. The compiled runs are gpu_check.py's own
     runs (its options, its child process, its colour images) with the tiny sizes on top, in float32; the bfloat16
     runs of the ViT and the GPT are gpu_check.py's default-recipe and torchrun commands."""
-    data = [f"--data_dir={char_dataset(str(tmp / 'data'))}"]
+    data = [f"--data_dir={data_dir}"]
     commands = {}
     for name, (script, options, colour, *_) in gpu_check.script_runs("cpu", str(tmp)).items():
         kind = script[6:-3]  # train_vit.py -> vit
@@ -75,19 +64,36 @@ def script_commands(tmp):
     commands["bfloat16 gpt"] = gpu_check.torchrun_commands(1, str(tmp))["gpt"] + TINY["gpt"] + data + bf16
     commands["bfloat16 dino"] = [sys.executable, "train_dino.py", *TINY["dino"], *bf16, f"--out_dir={tmp / 'bf16-dino'}"]
     for kind in ("vit", "dino"):  # train_gpt.py refuses float16: it has no gradient scaler
-        commands[f"float16 {kind}"] = [sys.executable, f"train_{kind}.py", *TINY[kind], "--dtype=float16",
-                                       f"--out_dir={tmp / ('fp16-' + kind)}"]
+        for dtype in ("float16", "float32"):  # float32: the reference that shows autocast changed the arithmetic
+            commands[f"{dtype} {kind}"] = [sys.executable, f"train_{kind}.py", *TINY[kind], f"--dtype={dtype}",
+                                           f"--out_dir={tmp / (dtype + '-' + kind)}"]
     return commands
 
 
+def max_weight_difference(out_a, out_b):
+    """Max |difference| of the weights that two runs saved: 0 when both did the same arithmetic."""
+    a, b = (load_checkpoint(os.path.join(out, "ckpt.pt")) for out in (out_a, out_b))
+    key = "model" if "model" in a else "student"
+    return max((a[key][k].float() - b[key][k].float()).abs().max().item() for k in a[key])
+
+
+RUNS_OF_TEST = {  # the runs each script test reads ({kind}: its parameter)
+    "test_each_script_compiled_on_the_cpu_through_gpu_checks_run_set_up": ["compiled {kind}"],
+    "test_each_script_under_bfloat16_cpu_autocast": ["bfloat16 {kind}", "float32 {kind}"],
+    "test_float16_trains_with_its_gradient_scaler": ["float16 {kind}", "float32 {kind}"],
+}
+
+
 @pytest.fixture(scope="module")
-def script_run(tmp_path_factory):
-    """name -> (return code, timed output lines, out_dir) of a run; all of them run two at a time, started when
-    the first is asked for."""
+def script_run(request, tmp_path_factory, data_dir):
+    """name -> (return code, timed output lines, out_dir) of a run. The runs that the selected tests read start
+    together when the first is asked for, two at a time."""
     tmp = tmp_path_factory.mktemp("runs")
-    commands = script_commands(tmp)
+    commands = script_commands(tmp, data_dir)
+    wanted = {run.format(**item.callspec.params) for item in request.session.items
+              for run in RUNS_OF_TEST.get(getattr(item, "originalname", ""), [])}
     pool = ThreadPoolExecutor(max_workers=2)
-    futures = {name: pool.submit(gpu_check.run_command, cmd, 600, ENV) for name, cmd in commands.items()}
+    futures = {name: pool.submit(gpu_check.run_command, cmd, 600, ENV) for name, cmd in commands.items() if name in wanted}
 
     def get(name):
         code, lines = futures[name].result()
@@ -100,8 +106,7 @@ def script_run(tmp_path_factory):
 
 
 def losses(lines):
-    result = gpu_check.result_of(lines)
-    return [float(v) for k, v in result.items() if "loss" in k]
+    return gpu_check.logged_losses(lines)
 
 
 @pytest.mark.parametrize("kind", ["vit", "gpt", "dino"])
@@ -123,8 +128,8 @@ def test_each_script_under_bfloat16_cpu_autocast(script_run, kind):
     assert losses(lines) and all(map(math.isfinite, losses(lines)))
     if kind == "gpt":  # through gpu_check's torchrun command (one process: gloo on a CPU)
         assert any("bfloat16 autocast" in text for _, text in lines) and gpu_check.torchrun_row("gpt", 1, code, lines)["ok"]
-    else:
-        assert load_checkpoint(os.path.join(out, "ckpt.pt"))["config"]["dtype"] == "bfloat16"
+    else:  # the same run in float32 (on a CPU bit-identical when repeated) ends with other weights
+        assert max_weight_difference(out, script_run(f"float32 {kind}")[2]) > 1e-6
     if kind == "vit":  # through gpu_check's default-recipe command: its row judges the accuracy by the CPU seeds
         row = gpu_check.default_row(code, lines)
         low, high = gpu_check.seed_band()
@@ -137,6 +142,7 @@ def test_float16_trains_with_its_gradient_scaler(script_run, kind):
     assert losses(lines) and all(map(math.isfinite, losses(lines)))
     scaler = load_checkpoint(os.path.join(out, "ckpt.pt"))["scaler"]
     assert scaler.get("scale", 0) > 0  # a disabled GradScaler saves an empty state
+    assert max_weight_difference(out, script_run(f"float32 {kind}")[2]) > 1e-6  # autocast ran in float16
 
 
 # ---- compiled models against eager ones -------------------------------------
@@ -272,13 +278,13 @@ def test_gpu_checks_lap_cost_on_the_cpu():
 def test_timing_reads_the_steady_rate_and_the_compile_time():
     lines = [(0.0, "config: ..."), (1.0, "schedule: global batch 512"), (31.0, "epoch 1/2 step 10/40 | loss 2.3"),
              (32.0, "epoch 1/2 step 20/40 | loss 2.2"), (33.0, "eval epoch 1: val_acc 0.5"),
-             (40.0, "epoch 2/2 step 30/40 | loss 2.1"), (41.0, "epoch 2/2 step 40/40 | loss 2.0"),
-             (41.5, "RESULT n_lap=6 steps=40 val_loss=2.0")]
+             (40.0, "epoch 2/2 step 30/30 | loss 2.1"), (41.5, "RESULT n_lap=6 steps=30 val_loss=2.1")]
     rate, compile_s = gpu_check.timing(lines)
-    assert rate == 10.0  # the interval across the evaluation is left out
+    assert rate == 10.0  # the interval across the evaluation (1.25 steps/s) is left out
     assert compile_s == pytest.approx(31.0 - 1.0 - 10 / 10.0)
-    assert gpu_check.result_of(lines) == dict(n_lap="6", steps="40", val_loss="2.0")
+    assert gpu_check.result_of(lines) == dict(n_lap="6", steps="30", val_loss="2.1")
     assert gpu_check.timing(lines[:3]) == (None, None)
+    assert gpu_check.peak_memory(lines + [(42.0, "gpu_check peak_memory_gib=12.50")]) == 12.5
 
 
 def test_colour_images_are_a_learnable_colour_set():
