@@ -39,6 +39,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -465,20 +466,17 @@ def main(parts, out):
     start = time.perf_counter()
     rows = []
     seconds = {}
+    run_part = dict(equal=part_equal, cost=partial(part_cost, rounds=rounds, repeats=repeats),
+                    scripts=partial(part_scripts, out=out), default=partial(part_default, out=out),
+                    torchrun=partial(part_torchrun, out=out), tests=part_tests)
     for part in parts:
         t0 = time.perf_counter()
-        if part == "equal":
-            rows += part_equal()
-        elif part == "cost":
-            rows += part_cost(rounds=rounds, repeats=repeats)
-        elif part == "scripts":
-            rows += part_scripts(out=out)
-        elif part == "default":
-            rows += part_default(out=out)
-        elif part == "torchrun":
-            rows += part_torchrun(out=out)
-        elif part == "tests":
-            rows += part_tests()
+        try:
+            rows += run_part[part]()
+        except Exception as e:  # one broken part (out of memory, say) still leaves the others' rows
+            rows.append(row(part, "runs", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+                            "no exception", False))
+        torch.cuda.empty_cache()  # the subprocesses of later parts get the memory back
         seconds[part] = time.perf_counter() - t0
         print(f"gpu_check: {part} done in {seconds[part]:.0f} s", flush=True)
     print_table(rows)
