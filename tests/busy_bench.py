@@ -42,15 +42,20 @@ SPEED = re.compile(r"^(?:epoch \S+ )?step \d+/\d+ \|.*?([\d,.]+) (img/s|tok/s)",
 BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(10 ** 6):\n        pass"
 
 
+def log_every(steps):
+    """Six progress lines per run, whatever its length (a stopped run prints none after its last full interval)."""
+    return f"--log_interval={max(1, steps // 6)}"
+
+
 def command(script, run_dir, vit_dir):
     """argv of one measured run (relative to its tree) and the unit of its speed."""
     if script == "vit":
-        return ["train_vit.py", f"--stop_at_step={vit_steps}", "--log_interval=25", f"--out_dir={run_dir}"], "img/s"
+        return ["train_vit.py", f"--stop_at_step={vit_steps}", log_every(vit_steps), f"--out_dir={run_dir}"], "img/s"
     if script == "gpt":  # no evaluation after step 0, no sample
-        return ["train_gpt.py", f"--stop_at_step={gpt_steps}", "--log_interval=25", "--eval_interval=100000",
+        return ["train_gpt.py", f"--stop_at_step={gpt_steps}", log_every(gpt_steps), "--eval_interval=100000",
                 "--max_new_tokens=0", f"--out_dir={run_dir}"], "tok/s"
     if script == "dino":  # small k-NN evaluations at step 0 and at the stop
-        return ["train_dino.py", f"--stop_at_step={dino_steps}", "--log_interval=25", "--eval_train=1000",
+        return ["train_dino.py", f"--stop_at_step={dino_steps}", log_every(dino_steps), "--eval_train=1000",
                 "--eval_val=500", f"--out_dir={run_dir}"], "img/s"
     return ["analyze.py", vit_dir, f"--max_samples={analyze_samples}", f"--out={run_dir}"], "samples/s"
 
