@@ -274,15 +274,6 @@ def bpe_meta(enc, **extra):
 # writing a prepared dataset
 
 
-def write_atomic(path, data):
-    """Write bytes to a temporary file, then rename: an interrupted run never leaves a torn file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def to_uint16(ids, vocab_size):
     if vocab_size > 65536:
         raise ValueError(f"vocab_size={vocab_size} does not fit in uint16 token files")
