@@ -167,14 +167,16 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         groups = [dict(params=list(model.parameters()), lr=lr, weight_decay=weight_decay)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, fused=on_cuda)]
     else:
-        qkv = [block.attn.qkv.weight for block in model.blocks]  # q, k and v as three matrices, as nanochat's c_q, c_k, c_v
+        # q, k and v as three matrices, as nanochat's c_q, c_k, c_v (the uniform graph: v alone)
+        qkv = [block.attn.qkv.weight for block in model.blocks]
         matrices = [p for n, p in model.blocks.named_parameters() if p.ndim == 2 and not n.endswith("qkv.weight")]
         embedding, head = [model.wte.weight], [model.lm_head.weight]
         assert len(matrices) + len(qkv) + 2 == len(list(model.parameters())), "every parameter needs an optimiser"
         scale = (model.config.n_embd / 768) ** -0.5
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
-                      Muon([dict(params=matrices), dict(params=qkv, blocks=3)], lr=matrix_lr, weight_decay=weight_decay)]
+                      Muon([dict(params=matrices), dict(params=qkv, blocks=len(qkv[0]) // model.config.n_embd)],
+                           lr=matrix_lr, weight_decay=weight_decay)]
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]

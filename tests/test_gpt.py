@@ -341,6 +341,15 @@ def test_help_lists_every_option_with_its_comment(capsys):
     assert len(options) > 40 and all("  # " in line for line in options), [l for l in options if "  # " not in l]
 
 
+@pytest.mark.parametrize("optimizer_name", ["muon", "adamw"])
+def test_the_uniform_graph_trains(data_dir, tmp_path, optimizer_name):
+    """--graph=uniform (values only: Muon's fused qkv group holds one block, not three) trains with either optimiser."""
+    done = run(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2", "--n_lap=[0,2]", "--graph=uniform",
+                       f"--optimizer_name={optimizer_name}", "--max_new_tokens=0", f"--out_dir={tmp_path}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert math.isfinite(float(result_line(done.stdout)["val_loss"]))
+
+
 def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
     done = run(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=3", "--n_lap=[0,1]",
                        "--prompt=ROMEO:", f"--out_dir={tmp_path}"])
