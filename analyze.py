@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 import time
 
 import torch
@@ -541,32 +542,49 @@ def _save(fig, path):
     _plt().close(fig)
     return os.path.basename(path)
 
+LOOK_FOR = {  # the one line each figure carries: what to look for, and which way the paper predicts
+    "anova": "look for: the paper predicts a smaller within-sequence share and a larger between-class share with more "
+             "Laplacian heads",
+    "anova_classes": "look for: the paper predicts a smaller within-class share of next-token classes with more "
+                     "Laplacian heads",
+    "collapse": "look for: lower share and higher cosine = a sequence's tokens closer together (smoother); the paper "
+                "predicts smoother with more Laplacian heads",
+    "spectrum": "look for: a faster fall = fewer directions (smaller $k_{0.99}$); the paper predicts fewer with more "
+                "Laplacian heads",
+    "etf": "look for: Neural Collapse = three tight clusters at the triangle's vertices",
+    "pca": "look for: one colour per cluster = tokens grouped by class",
+    "pca_maps": "look for: one object in one colour; the paper predicts cleaner object segments with more Laplacian heads",
+    "heads": "look for: a diffusion step smooths (blue, negative); the paper's reading predicts blue Laplacian heads",
+}
+
 def fig_anova(rows, labels, keys, title, xlabel, path):  # stacked bars: rows[i][key] for each key, one bar per label
-    fig, ax = _plt().subplots(figsize=(6.2, 3.6))
+    fig, ax = _plt().subplots(figsize=(6.8, 3.9))
     bottom = [0.0] * len(labels)
     for key, color in zip(keys, ("#4c72b0", "#dd8452", "#55a868")[-len(keys):]):
         vals = [r[key] or 0.0 for r in rows]
-        ax.bar(range(len(labels)), vals, bottom=bottom, color=color, label=key[:-5].replace("_", " "))
+        ax.bar(range(len(labels)), vals, bottom=bottom, color=color, label=key[:-5].replace("_", "-"))
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(labels)), labels, rotation=30 if any(" " in k for k in labels) else 0)
-    ax.set(xlabel=xlabel, ylabel="fraction of total variance", ylim=(0, 1), title=title)
+    ax.set(xlabel=xlabel, ylabel="share of the token variance\n(part / TotalVar)", ylim=(0, 1), title=title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(LOOK_FOR["anova" if "within_seq_frac" in keys else "anova_classes"], fontsize=7)
     return _save(fig, path)
 
 def fig_collapse(curves, labels, title, path):  # curves: [(label, colour, layerwise dict)]
-    fig, ax = _plt().subplots(1, 2, figsize=(9.5, 3.6))
-    for a, key, yl in zip(ax, ("within_seq_frac", "cosine"), ("WithinSeqVar / TotalVar", "mean pairwise cosine")):
+    fig, ax = _plt().subplots(1, 2, figsize=(9.5, 3.9))
+    ylabels = ("within-sequence share of variance\n(WithinSeqVar / TotalVar)", "mean cosine similarity of\na sequence's tokens")
+    for a, key, yl in zip(ax, ("within_seq_frac", "cosine"), ylabels):
         for name, color, lw in curves:
             a.plot(range(len(lw[key])), lw[key], "o-", ms=4, color=color, label=name)
         a.set(xticks=range(len(labels)), xticklabels=labels, xlabel="after block", ylabel=yl)
         a.grid(alpha=0.3)
     if curves[0][0]:  # several runs: which curve is which
         ax[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(f"{title}\n{LOOK_FOR['collapse']}", fontsize=9)
     return _save(fig, path)
 
 def fig_spectrum(curves, title, path, spec=None):  # curves: [(label, colour, lambda_mean)]; spec: one run's
-    fig, ax = _plt().subplots(figsize=(5.5, 3.7))
+    fig, ax = _plt().subplots(figsize=(6.0, 4.2))
     for label, color, lam in curves:
         lam = torch.tensor(lam)
         keep = lam > lam[0] * 1e-12  # the centred rank is at most T - 1: drop the zero tail from the log plot
@@ -577,11 +595,13 @@ def fig_spectrum(curves, title, path, spec=None):  # curves: [(label, colour, la
                         label="band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)")
         for a, ls in zip(ALPHAS, ("--", ":")):
             ax.axvline(spec[f"k_{a}"], color="k", ls=ls, lw=1, label=f"$k_{{{a}}}$ = {spec[f'k_{a}']:.1f}")
-    ax.set(xscale="log", yscale="log", xlabel="j", ylabel="$\\lambda_j$ of within-sequence centred tokens", title=title)
+    ax.set(xscale="log", yscale="log", xlabel="principal direction j of a sequence's centred tokens",
+           ylabel="variance along it ($\\lambda_j$)", title=title)
     ax.legend(fontsize=7)
+    fig.suptitle(LOOK_FOR["spectrum"], fontsize=7)
     return _save(fig, path)
 
-def fig_scatter(panels, names, classes, title, path, axes_labels=("", "")):  # panels: [(title, xy, y, triangle)]
+def fig_scatter(panels, names, classes, title, path, axes_labels, look_for):  # panels: [(title, xy, y, triangle)]
     plt = _plt()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 1.8 * (len(panels) == 1), 4.3), squeeze=False)
     for ax, (sub, xy, y, tri) in zip(axes[0], panels):
@@ -590,9 +610,10 @@ def fig_scatter(panels, names, classes, title, path, axes_labels=("", "")):  # p
         for k, c in enumerate(classes):
             ax.scatter(xy[y == c, 0], xy[y == c, 1], s=5, alpha=0.6, color=plt.cm.tab10(k),
                        label=names[c] if names else str(c))
-        ax.set(title=sub, xlabel=axes_labels[0], ylabel=axes_labels[1], aspect="auto" if tri is None else "equal")
+        ax.set(title="\n".join(textwrap.wrap(sub, 34)), xlabel=axes_labels[0], ylabel=axes_labels[1],
+               aspect="auto" if tri is None else "equal")
         ax.legend(fontsize=7, markerscale=3, loc="upper left", bbox_to_anchor=(1.0, 1.0) if tri is None else None)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(f"{title}\n{look_for}", fontsize=9)
     return _save(fig, path)
 
 def fig_pca(kept, labels, names, where, title, path):  # kept (n, T, d); the ten most frequent classes are drawn
@@ -603,7 +624,8 @@ def fig_pca(kept, labels, names, where, title, path):  # kept (n, T, d); the ten
     shown = classes[counts.argsort(descending=True)[:10]].sort().values.tolist()
     note = f", {len(shown)} of {len(classes)} classes shown" if len(shown) < len(classes) else ""
     return fig_scatter([(f"tokens ({where}) of {n} images{note}", xy, lab, None)], names, shown, title, path,
-                       (f"PC1 ({ratio[0]:.0%})", f"PC2 ({ratio[1]:.0%})"))
+                       (f"first principal component ({ratio[0]:.0%} of the variance)",
+                        f"second principal component ({ratio[1]:.0%})"), LOOK_FOR["pca"])
 
 def fig_heads(heads, title, path):
     """Left: rho_h of every head (rows) in every block (columns), diverging colours centred on 0, Laplacian heads
@@ -630,8 +652,7 @@ def fig_heads(heads, title, path):
     bars.set(xticks=range(L), xticklabels=[str(layer["block"]) for layer in layers], xlabel="block",
              ylabel="exact relative change of\nwithin-sequence variance", title="sublayers (negative: smoother)")
     bars.legend(fontsize=7)
-    fig.suptitle(title + "\nwhat to look for: a diffusion step smooths (blue, negative); the paper's reading predicts "
-                 "blue Laplacian heads", fontsize=8)
+    fig.suptitle(f"{title}\n{LOOK_FOR['heads']}", fontsize=8)
     return _save(fig, path)
 
 def fig_pca_maps(kept, shown, grid, title, path):
@@ -640,7 +661,8 @@ def fig_pca_maps(kept, shown, grid, title, path):
         a.imshow(img[0] if len(img) == 1 else img.permute(1, 2, 0), cmap="gray", vmin=0, vmax=255)  # RGB: no cmap
         b.imshow(pca_rgb(patches, grid).numpy(), interpolation="nearest")
         a.axis("off"), b.axis("off")
-    fig.suptitle(title + "\nimages (top), top-3 PCs of their patch tokens as RGB (bottom)", fontsize=9)
+    fig.suptitle(title + "\nimages (top), top-3 PCs of their patch tokens as RGB (bottom)\n" + LOOK_FOR["pca_maps"],
+                 fontsize=8)
     return _save(fig, path)
 
 def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [(label, [{"mean", "std"} per x])]
@@ -723,7 +745,8 @@ def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
         res["etf"][key] = {"class_means_2d": means.tolist(), "vertex_dist": (xy / r - at).norm(dim=1).mean().item()}
         panels.append((sub, xy, yy, TRIANGLE.T * r))
     return [fig_scatter(panels, names, classes, title + "\n(triangle: classifier directions, vertices scaled to the "
-                        "mean class radius)", os.path.join(out_dir, "etf.png"))]
+                        "mean class radius)", os.path.join(out_dir, "etf.png"),
+                        ("simplex direction 1 (A Q h)", "simplex direction 2"), LOOK_FOR["etf"])]
 
 def final_metric(run_dir, kind):  # the last value of the run's headline metric in log.jsonl
     key, path, found = FINAL_METRIC[kind][0], os.path.join(run_dir, "log.jsonl"), {"value": None, "step": None}

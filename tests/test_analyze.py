@@ -524,8 +524,10 @@ def figure_texts(monkeypatch):
     texts, savefig = {}, Figure.savefig
 
     def spy(fig, path, *args, **kwargs):
-        texts[os.path.basename(path)] = dict(titles=[ax.get_title() for ax in fig.axes], legend=[
-            t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()])
+        texts[os.path.basename(path)] = dict(titles=[ax.get_title().replace("\n", " ") for ax in fig.axes], legend=[
+            t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()],
+            suptitle=fig._suptitle.get_text() if fig._suptitle else "",
+            labels=[(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes if ax.axison and not hasattr(ax, "_colorbar")])
         return savefig(fig, path, *args, **kwargs)
     monkeypatch.setattr(Figure, "savefig", spy)
     return texts
@@ -565,6 +567,9 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     assert figure_texts["etf.png"]["titles"] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
                                                  f"tokens = {analyze.ETF_TOKENS} of the patch tokens only of each image"]
     assert "band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)" in figure_texts["spectrum.png"]["legend"]
+    for name in VIT_FIGURES:  # every figure says what to look for, and every plot labels both axes
+        assert "look for: " in figure_texts[name]["suptitle"], (name, figure_texts[name]["suptitle"])
+        assert all(x and y for x, y in figure_texts[name]["labels"]), (name, figure_texts[name]["labels"])
     m = report_metrics(tmp_path, res, "val_acc=0.9 val_loss=0.3")  # what --report reads of this analysis.json
     assert m == {"val_acc": 0.9, "val_loss": 0.3, "within_seq (patch)": res["anova"]["within_seq_frac"],
                  "between_class (patch)": res["anova"]["between_class_frac"], "within_seq (all)": None,
