@@ -36,6 +36,7 @@ from dataclasses import asdict
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -148,15 +149,25 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                g = p.grad.lerp(buf, group["momentum"]).view(group["blocks"], -1, p.size(1))  # Nesterov, (blocks, rows, cols)
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(orthogonalize(g, group["ns_steps"]).view_as(p), alpha=-group["lr"] * max(1.0, g.size(1) / g.size(2)) ** 0.5)
+        """One step. In a process group the processes share the Newton-Schulz work, as nanochat's DistMuon does:
+        every process updates every momentum buffer (cheap), process r orthogonalises and applies every world-th
+        matrix's update and sends the new matrix to the others, so each holds the whole state and the numbers are
+        those of one process."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if world > 1 else 0
+        params = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
+        for i, (group, p) in enumerate(params):
+            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+            buf.lerp_(p.grad, 1 - group["momentum"])
+            if i % world != rank:
+                continue
+            g = p.grad.lerp(buf, group["momentum"]).view(group["blocks"], -1, p.size(1))  # Nesterov, (blocks, rows, cols)
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            p.add_(orthogonalize(g, group["ns_steps"]).view_as(p), alpha=-group["lr"] * max(1.0, g.size(1) / g.size(2)) ** 0.5)
+        if world > 1:
+            handles = [dist.broadcast(p, src=i % world, async_op=True) for i, (_, p) in enumerate(params)]
+            for handle in handles:
+                handle.wait()
 
 def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas):
     """nanochat (kind 'muon'): Muon for the 2-D matrices inside the blocks, AdamW for the embedding and
