@@ -366,9 +366,12 @@ def differing_settings(configs):
 
 def effect(v0, v1):
     """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
-    (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0."""
+    (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0 (None
+    with one seed in a group: one run against one says nothing about the spread)."""
     s0, s1 = _mean_std(v0), _mean_std(v1)
-    se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"]) if min(s0["n"], s1["n"]) > 1 else None
+    if min(s0["n"], s1["n"]) < 2:
+        return s1["mean"] - s0["mean"], None, None
+    se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"])
     return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
 
 def spearman_trend(xs, ys, samples=10_000, seed=0):
@@ -932,7 +935,8 @@ def compare_summary(comparisons, intro):
             for k in [k for k in keys if g0["values"][k] and g1["values"][k]]:
                 diff, se, apart = effect(g0["values"][k], g1["values"][k])
                 sign = "+" if diff > 0 else "−" if diff < 0 else "0"
-                lines.append(f"| {k} | {diff:+.4g} | {_fmt(se, '.2g')} | {sign} | {'yes' if apart else 'no'} |")
+                verdict = "n/a (one run)" if apart is None else "yes" if apart else "no"
+                lines.append(f"| {k} | {diff:+.4g} | {_fmt(se, '.2g')} | {sign} | {verdict} |")
             n0, n1 = len(g0["runs"]), len(g1["runs"])
             lines += ["", f"difference = mean(n_lap = {g1['n_lap']}) − mean(n_lap = 0); std. error = sqrt(s0²/n0 + "
                       "s1²/n1), s the unbiased std (n/a with one seed); separated = yes when every seed of one group "

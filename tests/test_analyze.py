@@ -395,6 +395,12 @@ def test_anova_views_split_the_final_norm_tokens_into_the_classifier_subspaces()
     assert r["norm_without_affine"]["within_seq_frac"] == pytest.approx(plain["within_seq_frac"], rel=1e-9)
 
 
+def test_effect_calls_nothing_separated_with_one_run_per_side():
+    assert analyze.effect([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])[2] is True
+    assert analyze.effect([0.1, 0.5, 0.3], [0.4, 0.2, 0.6])[2] is False
+    assert analyze.effect([0.1], [0.9]) == (pytest.approx(0.8), None, None)  # dino_scenes: one seed each
+
+
 def test_spearman_trend():
     r, p = analyze.spearman_trend([0, 0, 0, 4, 4, 4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     assert r == pytest.approx(math.sqrt(27 / 35))  # ranks 1..6 against two tied groups: r = 0.878
