@@ -239,7 +239,7 @@ def test_etf_token_panel_puts_collapsed_tokens_on_the_vertices(tmp_path, figure_
     model = SimpleNamespace(head=SimpleNamespace(weight=W, bias=None), config=SimpleNamespace(pooling="cls"))
     res = {"settings": {"tokens": "patch tokens only"}}
     assert analyze.classifier_analyses(model, extra, y, None, classes, res, "t", str(tmp_path)) == ["etf.png"]
-    assert figure_texts["etf.png"]["titles"] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
+    assert [title.replace("\n", " ") for title in figure_texts["etf.png"]["titles"]] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
                                                  "tokens = 5 of the patch tokens only of each image"]
     etf = res["etf"]["tokens"]
     assert etf["vertex_dist"] == pytest.approx(0, abs=1e-9) and res["etf"]["seq_means"]["vertex_dist"] < 1e-9
@@ -530,7 +530,7 @@ def figure_texts(monkeypatch):
     texts, savefig = {}, Figure.savefig
 
     def spy(fig, path, *args, **kwargs):
-        texts[os.path.basename(path)] = dict(titles=[ax.get_title().replace("\n", " ") for ax in fig.axes], legend=[
+        texts[os.path.basename(path)] = dict(titles=[ax.get_title() for ax in fig.axes], legend=[
             t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()],
             suptitle=fig._suptitle.get_text() if fig._suptitle else "",
             labels=[(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes if ax.axison and not hasattr(ax, "_colorbar")])
@@ -570,7 +570,7 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     summary = open(os.path.join(run, "analysis", "summary.md")).read()
     assert "| nc1 (pooled) |" in summary and "| nc1 (seq_means) |" in summary  # CLS pooling: two sets of features
     assert "| features (pooled) | pooled = CLS token, final norm |" in summary
-    assert figure_texts["etf.png"]["titles"] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
+    assert [title.replace("\n", " ") for title in figure_texts["etf.png"]["titles"]] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
                                                  f"tokens = {analyze.ETF_TOKENS} of the patch tokens only of each image"]
     assert "band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)" in figure_texts["spectrum.png"]["legend"]
     for name in VIT_FIGURES:  # every figure says what to look for, and every plot labels both axes
@@ -598,7 +598,7 @@ def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, fig
     res = check_outputs(os.path.join(run, "analysis"), VIT_FIGURES)
     assert list(res["nc"]) == ["pooled"] and list(res["etf"]) == ["classes", "classifier_rows_2d", "pooled", "tokens"]
     assert res["nc"]["pooled"]["features"] == "pooled = mean of patch tokens, final norm"
-    assert figure_texts["etf.png"]["titles"] == ["pooled = mean of patch tokens",
+    assert [title.replace("\n", " ") for title in figure_texts["etf.png"]["titles"]] == ["pooled = mean of patch tokens",
                                                  f"tokens = {analyze.ETF_TOKENS} of the patch tokens only of each image"]
     summary = open(os.path.join(run, "analysis", "summary.md")).read()
     assert "| features (pooled) | pooled = mean of patch tokens, final norm |" in summary and "seq_means" not in summary
