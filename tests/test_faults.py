@@ -90,19 +90,6 @@ def assert_one_line_error(rc, out, err, *needles):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """A tiny character dataset, made by the prepare command a user runs."""
-    root = tmp_path_factory.mktemp("data")
-    r = random.Random(0)
-    words = "the of and to my thou thee lord king love night sweet death crown fair".split()
-    lines = [f"{r.choice(['ROMEO', 'JULIET'])}:\n" + " ".join(r.choice(words) for _ in range(8)) for _ in range(800)]
-    (root / "in.txt").write_text("\n".join(lines))
-    rc, out, err = run(["data/shakespeare_char/prepare.py", f"--input_file={root / 'in.txt'}", f"--out_dir={root / 'tiny'}"])
-    assert rc == 0, err
-    return str(root)
-
-
-@pytest.fixture(scope="module")
 def finished(tmp_path_factory, data_dir):
     """One finished tiny run of each script: {kind: its out_dir}. Tests copy them, never change them."""
     runs = {}
