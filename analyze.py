@@ -88,13 +88,18 @@ class AnovaStats:
     """Streaming anova(): token count and sums, the within-sequence sum of squares, and per class the count, sum and
     sum of squared norms of the sequence means."""
     def __init__(self, num_classes):
-        self.C, self.shift, self.n_seq, self.n_tok = num_classes, None, 0, 0
+        self.C = num_classes
+        self.shift = None
+        self.n_seq = 0
+        self.n_tok = 0
     def update(self, h, y):
         h, y = h.detach().double(), y.to(h.device)
         if self.shift is None:
             d, kw = h.shape[-1], dict(dtype=torch.float64, device=h.device)
             self.shift = h.reshape(-1, d).mean(0)
-            self.tok_sum, self.tok_sumsq, self.within_seq = torch.zeros(d, **kw), torch.zeros((), **kw), 0.0
+            self.tok_sum = torch.zeros(d, **kw)
+            self.tok_sumsq = torch.zeros((), **kw)
+            self.within_seq = 0.0
             self.count, self.mu_sumsq, self.mu_sum = *torch.zeros(2, self.C, **kw), torch.zeros(self.C, d, **kw)
         h = h - self.shift
         mu_i = h.mean(1)  # (B, d)
@@ -164,10 +169,16 @@ def k_alpha(lam, alpha):
 class SpectrumStats:
     """Streaming mean and population std over sequences of each lambda_j, and the mean k_alpha per alpha."""
     def __init__(self, alphas=ALPHAS):
-        self.alphas, self.n, self.sum, self.sumsq, self.k_sum = alphas, 0, 0.0, 0.0, {a: 0.0 for a in alphas}
+        self.alphas = alphas
+        self.n = 0
+        self.sum = 0.0
+        self.sumsq = 0.0
+        self.k_sum = {a: 0.0 for a in alphas}
     def update(self, h):
         lam = seq_spectrum(h.detach())
-        self.n, self.sum, self.sumsq = self.n + len(lam), self.sum + lam.sum(0), self.sumsq + lam.square().sum(0)
+        self.n = self.n + len(lam)
+        self.sum = self.sum + lam.sum(0)
+        self.sumsq = self.sumsq + lam.square().sum(0)
         for a in self.alphas:
             self.k_sum[a] += k_alpha(lam, a).double().sum()
     def result(self):
@@ -244,7 +255,9 @@ class ClassStats(AnovaStats):
         return {k: v for k, v in self.result().items() if not k.startswith("within_seq")}
     def neural_collapse(self, W=None):
         count = self.count.cpu()
-        seen, count, mu = count > 0, count[count > 0], self.mu_sum.cpu()[count > 0] / count[count > 0, None]  # shifted
+        seen = count > 0
+        mu = self.mu_sum.cpu()[seen] / count[seen, None]  # shifted
+        count = count[seen]
         sigma_w = (self.scatter.cpu() - (mu.T * count) @ mu) / self.n_seq
         out = nc_metrics(mu + self.shift.cpu(), sigma_w, None if W is None else W[seen])
         return dict(out, n_classes=int(seen.sum()), n_samples=self.n_seq)
@@ -294,11 +307,15 @@ class VarChange:
         base = x if base is None else base.double()
         bc = base - base.mean(1, keepdim=True)
         uc = u - u.mean(1, keepdim=True)  # (B, T, K, d)
-        m_x, m_b, m_u = x.mean(1), base.mean(1), u.mean(1)  # sequence means (B, d), (B, d), (B, K, d)
+        m_x = x.mean(1)  # sequence means (B, d), (B, d), (B, K, d)
+        m_b = base.mean(1)
+        m_u = u.mean(1)
         if self.n == 0:  # shifts keep the between-sequence sums well conditioned; they cancel in every difference
             self.shifts = (m_x[0], m_b[0], m_u[0])
             self.sums = dict.fromkeys(("xx", "xu", "uu", "mxx", "mx", "mbu", "mb", "mu", "muu"), 0.0)
-        m_x, m_b, m_u = m_x - self.shifts[0], m_b - self.shifts[1], m_u - self.shifts[2]
+        m_x = m_x - self.shifts[0]
+        m_b = m_b - self.shifts[1]
+        m_u = m_u - self.shifts[2]
         s = self.sums
         s["xx"] += (x - x.mean(1, keepdim=True)).square().sum()
         s["xu"] += torch.einsum("btd,btkd->k", bc, uc)
@@ -330,7 +347,9 @@ def head_weights(block):
     directions and its sign on the others need not be where the tokens lie, and I - P is not positive semidefinite when
     attention is concentrated (P near a permutation); rho_h measures the change on the actual tokens."""
     attn = block.attn
-    C, H, D = attn.proj.weight.shape[0], attn.n_head, attn.head_dim
+    C = attn.proj.weight.shape[0]
+    H = attn.n_head
+    D = attn.head_dim
     w_v = attn.qkv.weight[-C:].double().view(H, D, C)  # the value rows, head by head
     w_o = attn.proj.weight.double().view(C, H, D)
     gain = getattr(block.norm1, "weight", None)
@@ -449,7 +468,9 @@ def head_results(model, stats):
     heads are Laplacian, the attention sublayer, the MLP, the whole block, and the weight-only hint per head."""
     layers = []
     for l, (block, (on_input, on_mlp)) in enumerate(zip(model.blocks, stats)):
-        r, mlp, H = on_input.result(), on_mlp.result(), block.attn.n_head
+        r = on_input.result()
+        mlp = on_mlp.result()
+        H = block.attn.n_head
         layers.append({"block": l + 1, "laplacian": [h >= H - block.attn.n_lap for h in range(H)],
                        **{key: values[:H] for key, values in r.items()},
                        "attention": {key: values[H] for key, values in r.items()},
@@ -513,7 +534,9 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
     top = counts.argsort(descending=True)[:min(n_targets, int(counts.count_nonzero()))]  # targets that occur
     cls_of = torch.full((max(V, int(targets.max()) + 1),), -1, dtype=torch.long)
     cls_of[top] = torch.arange(len(top))
-    layer_anova, cos_sum, spec = [AnovaStats(1) for _ in range(L + 1)], [0.0] * (L + 1), SpectrumStats()
+    layer_anova = [AnovaStats(1) for _ in range(L + 1)]
+    cos_sum = [0.0] * (L + 1)
+    spec = SpectrumStats()
     cls = ClassStats(len(top))
     head_stats = [(VarChange(), VarChange()) for _ in range(L)]
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
@@ -593,7 +616,9 @@ def fig_spectrum(curves, title, path, spec=None):  # curves: [(label, colour, la
         keep = lam > lam[0] * 1e-12  # the centred rank is at most T - 1: drop the zero tail from the log plot
         ax.plot(torch.arange(1, len(lam) + 1)[keep], lam[keep], color=color, label=label)
     if spec:
-        j, mean, std = torch.arange(1, len(lam) + 1)[keep], lam[keep], torch.tensor(spec["lambda_std"])[keep]
+        j = torch.arange(1, len(lam) + 1)[keep]
+        mean = lam[keep]
+        std = torch.tensor(spec["lambda_std"])[keep]
         ax.fill_between(j, (mean - std).clamp(min=mean.min().item() * 0.5), mean + std, alpha=0.25, color="C0",
                         label="band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)")
         for a, ls in zip(ALPHAS, ("--", ":")):
@@ -752,7 +777,9 @@ def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
                         ("simplex direction 1 (A Q h)", "simplex direction 2"), LOOK_FOR["etf"])]
 
 def final_metric(run_dir, kind):  # the last value of the run's headline metric in log.jsonl
-    key, path, found = FINAL_METRIC[kind][0], os.path.join(run_dir, "log.jsonl"), {"value": None, "step": None}
+    key = FINAL_METRIC[kind][0]
+    path = os.path.join(run_dir, "log.jsonl")
+    found = {"value": None, "step": None}
     for line in open(path) if os.path.isfile(path) else []:
         try:
             rec = json.loads(line)
@@ -802,7 +829,10 @@ def _ms(d):  # a _mean_std for a table: mean ± std (the std only over several s
     return f"{d['mean']:.4g}" + (f" ± {d['std']:.2g}" if d["n"] > 1 else "")
 
 def run_summary(res):
-    s, a, fm, lw = res["settings"], res["anova"], res["final_metric"], res["layerwise"]["within_seq_frac"]
+    s = res["settings"]
+    a = res["anova"]
+    fm = res["final_metric"]
+    lw = res["layerwise"]["within_seq_frac"]
     lines = [f"# {res['run']}: {res['kind']}, n_lap = {res['n_lap_label']} of {res['n_head']} heads", "",
              f"Final {fm['name']} from log.jsonl: {_fmt(fm['value'], '.4f')} (step {fm['step']}).", "",
              f"Settings: {s['n_samples']} sequences of the validation split, layer {s['layer']} "
@@ -894,7 +924,9 @@ def run_metrics(a, result, a_all=None):
     absolute within- and between-sequence parts after the last block and the within-sequence share under the other
     views (AnovaViews); the mean rho of the Laplacian and of the attention heads over blocks. None where the analysis
     predates a quantity."""
-    fm, nc, kind = a["final_metric"], a.get("nc", {}), a["kind"]
+    fm = a["final_metric"]
+    nc = a.get("nc", {})
+    kind = a["kind"]
     ends = {fm["name"]: fm["value"], **{k: float(v) for k, v in result.items() if k in END_METRICS[kind]}}
     m = {k: ends.get(k) for k in END_METRICS[kind]}
     cls = "CLS" in a["settings"].get("tokens", "")  # a itself is of all tokens (--tokens=all)
@@ -920,7 +952,9 @@ def compare_summary(comparisons, intro):
     largest n_lap against n_lap = 0."""
     lines = ["# Comparison over n_lap", "", intro]
     for c in comparisons:
-        groups, g0, g1 = c["groups"], c["groups"][0], c["groups"][-1]
+        groups = c["groups"]
+        g0 = c["groups"][0]
+        g1 = c["groups"][-1]
         keys = [k for k in g0["values"] if any(g["values"][k] for g in groups)]
         lines += ["", f"## {c['name']} ({c['kind']}, ANOVA at the {c['where']})", ""] + (
             [f"Note: these runs also differ in {', '.join(c['differing_settings'])}.", ""] if c["differing_settings"] else [])
@@ -1051,7 +1085,9 @@ def checked_checkpoints(paths, config):
 def analyze_run(path, ckpt, out_dir, config, device):
     """One run: its evaluation data, one streaming pass (metrics and per-head analysis), its figures, analysis.json and
     summary.md in out_dir. Returns the analysis (a dict, as analysis.json holds it)."""
-    kind, cfg, run_dir = ckpt["kind"], ckpt.get("config", {}), os.path.dirname(path)
+    kind = ckpt["kind"]
+    cfg = ckpt.get("config", {})
+    run_dir = os.path.dirname(path)
     layer = config["layer"]
     where = "final norm" if layer == -1 else f"after block {layer}"  # the tokens analysed
     name = os.path.basename(os.path.normpath(run_dir)) or run_dir

@@ -834,7 +834,7 @@ def test_report_from_saved_artefacts(tmp_path):
     assert "Figures: " + ", ".join(f for f in figures if f.startswith("figures/vit/")) in vit_md
     gpt_md = md.split("## gpt (")[1].split("## ")[0]
     assert "| 0 | 1 | 2.2 | " in gpt_md and "within_class (next-token)" in gpt_md and "(patch)" not in gpt_md
-    assert "| val_bpb | -0.1 | n/a | − | yes |" in gpt_md  # one seed each: no standard error
+    assert "| val_bpb | -0.1 | n/a | − | n/a (one run) |" in gpt_md  # one seed each: no standard error, no separation
     assert "nc1" not in md.split("## dino (")[1].split("## ")[0]  # no NC for DINO
     # no runs, no folder, run directories besides --report: one-line errors
     (tmp_path / "empty").mkdir()
