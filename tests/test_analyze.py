@@ -745,7 +745,7 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
     runs.append(make_run(tmp_path / "vit-list", "vit", n_lap=[1, 3], dataset="fashion_mnist", data_dir=fashion_dir))
     out = tmp_path / "cmp"
     run_analyze(*runs, "--max_samples=20", "--batch_size=20", f"--out={out}")
-    figs = [f"compare_vit_{n}.png" for n in ("metric", "anova", "kalpha", "spectra", "collapse")]
+    figs = [f"compare_vit_{n}.png" for n in ("metric", "anova", "kalpha", "spectra", "collapse", "heads")]
     for f in figs:
         assert os.path.getsize(out / f) > 1000
     for r in runs:  # one folder of per-run analyses each
@@ -764,7 +764,7 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
     assert result_line(capsys.readouterr().out) == {"runs": "4", "comparisons": "vit", "out": str(out)}
     md = (out / "summary.md").read_text()  # the table of --report: end metrics (here log.jsonl's), effect of n_lap
     assert "## vit (vit, ANOVA at the final norm)" in md and "| 0 | 2 | 0.605 ± 0.0071 |" in md
-    assert "| val_acc | +0.395 | n/a | + | yes |" in md and "Figures: " + ", ".join(figs) in md
+    assert "| val_acc | +0.395 | n/a | + | n/a (one run) |" in md and "Figures: " + ", ".join(figs) in md
     assert c["spread"] == "mean +- std over 1-2 seeds per point" and c["groups"][0]["values"]["val_acc"] == [0.6, 0.61]
     for f in ("compare_vit_metric.png", "compare_vit_kalpha.png"):
         assert figure_texts[f]["titles"][0].endswith("\n(mean $\\pm$ std over 1-2 seeds per point)"), figure_texts[f]
