@@ -695,7 +695,7 @@ def fig_pca_maps(kept, shown, grid, title, path):
 
 def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [(label, [{"mean", "std"} per x])]
     fig, ax = (ax.figure, ax) if ax else _plt().subplots(figsize=(5, 3.6))  # ax: a panel of a larger figure, not saved
-    for (label, stats), fmt in zip(series, ("o-", "s--")):
+    for (label, stats), fmt in zip(series, ("o-", "s--", "^:", "d-.", "v-", "x--") * len(series)):
         pts = [(x, s) for x, s in zip(xs, stats) if s["mean"] is not None]
         ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=fmt,
                     capsize=3, label=label)
