@@ -128,7 +128,9 @@ def orthogonalize(G, steps=5, eps=1e-7):
     """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, for each
     matrix of a stack G (..., rows, cols), with the quintic coefficients of Keller Jordan's Muon (also
     torch.optim.Muon's): fast, and the singular values end spread around 1, which does not hurt training."""
-    a, b, c = 3.4445, -4.7750, 2.0315  # the quintic's coefficients, one polynomial
+    a = 3.4445  # the quintic's coefficients, one polynomial
+    b = -4.7750
+    c = 2.0315
     X = G.bfloat16() if G.is_cuda else G.float()  # bf16 on GPU; CPUs without bf16 units are 20x slower in it
     if X.size(-2) > X.size(-1):
         X = X.mT

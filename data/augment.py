@@ -50,7 +50,9 @@ def adjust_hue(x, shift):
     gray = chroma == 0
     sat = chroma / torch.where(gray, torch.ones_like(maxc), maxc)
     c = torch.where(gray, torch.ones_like(chroma), chroma)
-    rc, gc, bc = (maxc - r) / c, (maxc - g) / c, (maxc - b) / c
+    rc = (maxc - r) / c
+    gc = (maxc - g) / c
+    bc = (maxc - b) / c
     hue = torch.where(maxc == r, bc - gc, torch.where(maxc == g, 2.0 + rc - bc, 4.0 + gc - rc))
     hue = torch.where(gray, torch.zeros_like(hue), hue)
     hue = (hue / 6.0 + 1.0 + shift.view(-1, 1, 1)) % 1.0

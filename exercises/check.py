@@ -267,7 +267,9 @@ def check_gates(ex, seed):
         torch.manual_seed(seed)
         cfg = make_config(preset, n_layer=1, vocab_size=10)
         gated = randomise(ex.GatedHeadAttention(cfg), 0.1, seed).eval()
-        x, H, model = torch.randn(2, 17, cfg.n_embd), cfg.n_head, build_model(cfg)
+        x = torch.randn(2, 17, cfg.n_embd)
+        H = cfg.n_head
+        model = build_model(cfg)
         rope = (model.cos[:, :17], model.sin[:, :17]) if cfg.pos == "rope" else None  # GPT: rotary positions
         for g, n_lap in ((0.0, 0), (1.0, H)):
             plain = MixedHeadAttention(cfg, n_lap).eval()
@@ -301,7 +303,10 @@ def train_image_model(model, data, steps, batch_size, lr, gate_lr, val_images, s
     images."""
     (x, y), (xv, yv) = data["train"], data["val"]
     mean, std = torch.tensor(data["mean"]).view(1, -1, 1, 1), torch.tensor(data["std"]).view(1, -1, 1, 1)
-    prep = lambda imgs: (augment.to_unit(imgs, model.config.img_size) - mean) / std
+
+    def prep(imgs):  # uint8 images -> the model's normalised input
+        return (augment.to_unit(imgs, model.config.img_size) - mean) / std
+
     gates = [p for n, p in model.named_parameters() if n.endswith("gate_logit")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("gate_logit")]
     groups = [dict(params=rest, lr=lr, weight_decay=0.05), dict(params=gates, lr=gate_lr, weight_decay=0.0)]
@@ -393,7 +398,9 @@ def check_7(ex, run, max_samples, seed):
         model = build_model(make_config("vit-cpu", n_lap=2)).eval()
         with torch.no_grad():
             h = model.forward_features(torch.randn(64, 1, 28, 28))[:, 1:]  # (64, 16, 64)
-        ref, stored, what = reference_k_alpha(h), None, "an untrained vit-cpu, 64 random images (pass --run=DIR)"
+        ref = reference_k_alpha(h)
+        stored = None
+        what = "an untrained vit-cpu, 64 random images (pass --run=DIR)"
     print(f"tokens: {what}, shape {tuple(h.shape)}")
     for alpha in ALPHAS:
         got, want = ex.k_alpha(h, alpha), ref[f"k_{alpha}"]
