@@ -13,7 +13,8 @@
 # The regime ladder moves the nano ViT towards the paper's (each n_lap 0 and 4, seeds 0-2): vit_deit (CLS pooling and
 # LayerScale 1e-6, 12 epochs), vit_p4 (4x4 patches: 49 patch tokens instead of 16), vit_deep (8 blocks), vit_longer
 # (36 epochs), and the uniform-graph baseline (--graph=uniform: every P is the sequence mean) at the vit and gpt
-# recipes; vit_default is the CPU default itself (18 epochs), seed 0. Runs whose analysis has no per-head numbers
+# recipes; vit_default is the CPU default itself (18 epochs), so that with vit (4) and vit_long (12) the
+# within-sequence gap is measured with three seeds at three lengths. Runs whose analysis has no per-head numbers
 # yet (the sets of the first sweep) are trained again for them, after the ladder; checkpoints are not committed.
 #
 #     TRAIN_ONLY=1 bash results/sweep.sh    # train only; run the plain command later to analyse and collect
@@ -59,7 +60,7 @@ run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, i
 export -f run
 
 jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every regime at the same seeds; then the rest
-    echo "vit 4 0 vit_default --epochs=18"; echo "vit 0 0 vit_default --epochs=18"  # the CPU default, for its per-head numbers
+    for s in 0 1 2; do for k in 4 0; do echo "vit $k $s vit_default --epochs=18"; done; done  # the CPU default: the third length
     for s in 0 1 2; do
         for k in 0 4; do echo "vit $k $s"; done
         for k in 0 4; do echo "vit $k $s vit_uniform --graph=uniform"; done
