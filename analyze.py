@@ -1188,17 +1188,17 @@ if __name__ == "__main__":
         write_report(report, out or report)
         sys.exit(0)
     ckpts = checked_checkpoints(paths, config)
-    analysis_device = nanolap.resolve_device("cpu" if device == "auto" and not torch.cuda.is_available() else device)
-    if analysis_device == "mps":
+    run_device = nanolap.resolve_device("cpu" if device == "auto" and not torch.cuda.is_available() else device)
+    if run_device == "mps":
         raise UsageError("--device=mps: the statistics need float64, which MPS lacks; use --device=cpu")
     parent = os.path.commonpath([os.path.abspath(os.path.dirname(p)) for p, _ in ckpts])
     default_out = os.path.join(parent, "analysis") if len(ckpts) == 1 or parent != os.getcwd() else "out-analysis"
     out_root = writable_out(out or default_out)
-    print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in {**config, "device": analysis_device}.items()),
+    print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in {**config, "device": run_device}.items()),
           flush=True)
     results = []
     for (path, ckpt), folder in zip(ckpts, run_folders(ckpts, out_root)):
-        results.append(analyze_run(path, ckpt, writable_out(folder), config, analysis_device))
+        results.append(analyze_run(path, ckpt, writable_out(folder), config, run_device))
     if len(results) == 1:  # one run: its RESULT line
         r = results[0]
         nc1 = r["nc"]["nc1"] if r["kind"] == "gpt" else r.get("nc", {}).get("pooled", {}).get("nc1")

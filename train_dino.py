@@ -367,11 +367,11 @@ if __name__ == "__main__":
 
     # ---- eval_only: probe a checkpoint's backbone (DINO teacher or supervised ViT) on the data it was trained on
     if eval_only:
-        device = nanolap.resolve_device(device)
+        run_device = nanolap.resolve_device(device)
         ckpt = nanolap.load_checkpoint(eval_only, "--eval_only: ")
         if ckpt["model_config"]["model"] != "vit":
             raise UsageError(f"{eval_only} holds a {ckpt['model_config']['model']} model; the probes need a ViT")
-        backbone = nanolap.load_model(ckpt).to(device).eval()
+        backbone = nanolap.load_model(ckpt).to(run_device).eval()
         trained = {**config, **ckpt.get("config", {})}  # the data it was trained on
         data = (images.imagefolder_squares(trained["data_dir"], trained["imagefolder_base"])
                 if trained["dataset"] == "imagefolder" else images.load_images(trained["dataset"], trained["data_dir"]))
@@ -383,17 +383,17 @@ if __name__ == "__main__":
         seg_sets = None if seg_dataset == "none" else [
             images.load_segmentation(seg_dataset, trained["data_dir"], s, n, seg_size, backbone.config.in_chans)
             for s, n in (("train", seg_train), ("val", seg_val))]
-        res = dict(knn_acc=knn_eval(backbone, eval_sets, mean, std, K, knn_k, knn_temp, device, ctx),
+        res = dict(knn_acc=knn_eval(backbone, eval_sets, mean, std, K, knn_k, knn_temp, run_device, ctx),
                    knn_acc_init=ckpt.get("knn_acc_init"),  # None: not a DINO checkpoint
-                   knn_acc_pixels=knn_eval(None, eval_sets, mean, std, K, knn_k, knn_temp, device),
-                   **evaluate_final(backbone, eval_sets, seg_sets, mean, std, K, linear_blocks, probe_steps, seed, device, ctx))
+                   knn_acc_pixels=knn_eval(None, eval_sets, mean, std, K, knn_k, knn_temp, run_device),
+                   **evaluate_final(backbone, eval_sets, seg_sets, mean, std, K, linear_blocks, probe_steps, seed, run_device, ctx))
         os.makedirs(out_dir, exist_ok=True)
         nanolap.write_result(out_dir, **res)
         sys.exit(0)
 
-    rank, local_rank, world, device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
+    rank, local_rank, world, run_device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
     master = rank == 0
-    device_type = device.split(":")[0]
+    device_type = run_device.split(":")[0]
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     torch.manual_seed(seed)  # the same initial weights in every process
 
@@ -424,12 +424,12 @@ if __name__ == "__main__":
     t_cfg = nanolap.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0,
                                         drop_path=0.0)
     student = DINO(nanolap.ViT(s_cfg), nanolap.DINOHead(s_cfg.n_embd, out_dim, head_hidden, head_bottleneck,
-                                                         norm_last_layer=norm_last_layer)).to(device)
+                                                         norm_last_layer=norm_last_layer)).to(run_device)
     teacher = DINO(nanolap.ViT(t_cfg), nanolap.DINOHead(t_cfg.n_embd, out_dim, head_hidden, head_bottleneck,
-                                                         norm_last_layer=norm_last_layer)).to(device)
+                                                         norm_last_layer=norm_last_layer)).to(run_device)
     teacher.load_state_dict(student.state_dict())  # the same start
     teacher.requires_grad_(False).eval()
-    center = torch.zeros(1, out_dim, device=device)
+    center = torch.zeros(1, out_dim, device=run_device)
     print0(f"backbone: {s_cfg.n_layer} layers, {s_cfg.n_head} heads, {s_cfg.lap_schedule()} Laplacian, d={s_cfg.n_embd}, "
            f"patch {s_cfg.patch_size}, {student.backbone.num_params():,} params; DINO head with {out_dim} prototypes; "
            f"{n_train} images, {total_steps} steps; " + (f"{local_crops} local crops" if local_crops else "no local crops"))
@@ -445,7 +445,7 @@ if __name__ == "__main__":
         nanolap.check_resume(ckpt, "dino", t_cfg)
         student.load_state_dict(nanolap.clean_state_dict(ckpt["student"]))
         teacher.load_state_dict(nanolap.clean_state_dict(ckpt["teacher"]))
-        center = ckpt["center"].to(device)
+        center = ckpt["center"].to(run_device)
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
         start_step = ckpt["step"]
@@ -462,7 +462,7 @@ if __name__ == "__main__":
     temp_warmup_steps = round(warmup_teacher_temp_epochs * steps_per_epoch)
 
     # ---- training loop
-    pixels_knn = knn_eval(None, eval_sets, mean, std, num_classes, knn_k, knn_temp, device) if master else None
+    pixels_knn = knn_eval(None, eval_sets, mean, std, num_classes, knn_k, knn_temp, run_device) if master else None
     t_start = t_last = time.time()
     step = start_step
     batches = None
@@ -477,7 +477,7 @@ if __name__ == "__main__":
         if (step % eval_interval == 0 or step == end_step) and not (ckpt is not None and step == start_step):
             t0 = time.time()
             if master:  # k-NN of the teacher backbone, then a checkpoint with every process's random state
-                knn_acc = knn_eval(teacher.backbone, eval_sets, mean, std, num_classes, knn_k, knn_temp, device, ctx)
+                knn_acc = knn_eval(teacher.backbone, eval_sets, mean, std, num_classes, knn_k, knn_temp, run_device, ctx)
                 knn_init = knn_acc if step == 0 else knn_init
                 nanolap.append_jsonl(log_path, dict(
                     step=step, epoch=round(step / steps_per_epoch, 4), knn_acc=knn_acc, knn_acc_pixels=pixels_knn,
@@ -508,7 +508,7 @@ if __name__ == "__main__":
         if batches is None or step % steps_per_epoch == 0:
             batches = epoch_batches(x_train, subset, n_train, batch_size, step, seed, rank, world, num_workers,
                                     pin_memory=device_type == "cuda")
-        batch = next(batches).to(device, non_blocking=True)
+        batch = next(batches).to(run_device, non_blocking=True)
         torch.manual_seed(nanolap.step_seed(seed, step, rank))  # crops and drop path: resume is exact
         crops = multicrop(batch, torch.default_generator)  # [global (2B, C, G, G), local (nB, C, L, L)]
         with ctx:
@@ -528,7 +528,7 @@ if __name__ == "__main__":
         ema_update(teacher, student, momentum)
         if (step + 1) % log_interval == 0 or step + 1 == end_step:
             t_std, t_ent = teacher_stats(teacher_out, center, t_temp)
-        center = update_center(center, teacher_out, center_momentum, device)
+        center = update_center(center, teacher_out, center_momentum, run_device)
 
         step += 1
         last_loss = loss.item()
@@ -559,7 +559,7 @@ if __name__ == "__main__":
         print0(f"stopped at step {end_step} of {total_steps} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
         res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn, **evaluate_final(
-            teacher.backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks, probe_steps, seed, device, ctx))
+            teacher.backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks, probe_steps, seed, run_device, ctx))
         nanolap.append_jsonl(log_path, dict(step=end_step, **res))
         nanolap.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,
                              steps=end_step, seconds=round(time.time() - t_start), **res)

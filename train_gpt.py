@@ -263,7 +263,7 @@ if __name__ == "__main__":
     nanolap.resolve_device(device)  # a bad --device fails before out_dir is touched
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
         nanolap.finished_run(config, ckpt["step"], max_iters, "max_iters", 2 * max_iters)
-    rank, local_rank, world, device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
+    rank, local_rank, world, run_device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
     master = rank == 0
     torch.manual_seed(seed)
 
@@ -277,7 +277,7 @@ if __name__ == "__main__":
                              f"--block_size={block_size} (needs more than block_size + 1): lower --block_size")
     tokenizer = text.get_tokenizer(meta)
     vocab_size = text.model_vocab_size(meta["vocab_size"])
-    token_bytes = torch.tensor(tokenizer.token_bytes + [0] * (vocab_size - meta["vocab_size"]), device=device)
+    token_bytes = torch.tensor(tokenizer.token_bytes + [0] * (vocab_size - meta["vocab_size"]), device=run_device)
     tokens_per_batch = batch_size * block_size * world
     total = total_batch_size or tokens_per_batch
     if total % tokens_per_batch:
@@ -287,7 +287,7 @@ if __name__ == "__main__":
 
     # ---- model and optimisers (a resumed run restores both, its random state and its clock)
     model_cfg = nanolap.config_from_options(config, "gpt", vocab_size=vocab_size)
-    raw_model = nanolap.build_model(model_cfg).to(device)
+    raw_model = nanolap.build_model(model_cfg).to(run_device)
     optimizers = build_optimizers(raw_model, optimizer_name, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay,
                                   (beta1, beta2))
     step = 0
@@ -307,9 +307,9 @@ if __name__ == "__main__":
         time_before = ckpt["seconds"]
     model = torch.compile(raw_model) if compile_model else raw_model
     if world > 1:
-        model = DDP(model, device_ids=[local_rank] if str(device).startswith("cuda") else None)
-    ctx, amp_dtype = nanolap.autocast(device, dtype)
-    peak = nanolap.peak_flops(device)
+        model = DDP(model, device_ids=[local_rank] if str(run_device).startswith("cuda") else None)
+    ctx, amp_dtype = nanolap.autocast(run_device, dtype)
+    peak = nanolap.peak_flops(run_device)
     flops_per_step = raw_model.flops_per_token(block_size) * total
     peak_lr = matrix_lr if optimizer_name == "muon" else lr
     schedule = (max_iters, warmup_iters, warmdown_frac, final_lr_frac)  # get_lr_multiplier(step, *schedule)
@@ -324,7 +324,7 @@ if __name__ == "__main__":
            f"Laplacian heads per layer {model_cfg.lap_schedule()}, {raw_model.num_params() / 1e6:.2f}M parameters "
            f"({raw_model.num_params(exclude_embedding=True) / 1e6:.2f}M without the embedding)")
     print0(f"batch: {total:,} tokens per step = {batch_size} x {block_size} tokens x {world} process(es) x "
-           f"{grad_accum} micro-step(s); {optimizer_name} optimiser; {device}, "
+           f"{grad_accum} micro-step(s); {optimizer_name} optimiser; {run_device}, "
            f"{'float32' if amp_dtype == torch.float32 else 'bfloat16 autocast'}{', compiled' if compile_model else ''}")
     if master and ckpt is not None:
         print(f"resumed from {ckpt_path} at step {step}")
@@ -351,7 +351,7 @@ if __name__ == "__main__":
             raw_model.eval()
             for split, tokens in (("val", val_tokens), ("train", train_tokens)):
                 metrics[f"{split}_loss"], metrics[f"{split}_bpb"] = evaluate(
-                    raw_model, tokens, token_bytes, block_size, eval_iters * batch_size, batch_size, device, ctx, rank, world)
+                    raw_model, tokens, token_bytes, block_size, eval_iters * batch_size, batch_size, run_device, ctx, rank, world)
             raw_model.train()
             best_val_loss = min(best_val_loss, metrics["val_loss"])
             print0(f"eval step {step}: val loss {metrics['val_loss']:.4f}, val bpb {metrics['val_bpb']:.4f}, "
@@ -377,9 +377,9 @@ if __name__ == "__main__":
                 group["lr"] = group["initial_lr"] * lr_mult
                 if isinstance(optimizer, Muon):
                     group["momentum"] = get_muon_momentum(step)
-        loss_step = torch.zeros((), device=device)
+        loss_step = torch.zeros((), device=run_device)
         for micro in range(grad_accum):
-            x, y = train_batch(train_tokens, seed, step, micro * world + rank, batch_size, block_size, device)
+            x, y = train_batch(train_tokens, seed, step, micro * world + rank, batch_size, block_size, run_device)
             sync = micro == grad_accum - 1 or world == 1  # DDP all-reduces the gradients once per step
             with nullcontext() if sync else model.no_sync():
                 with ctx:
@@ -405,7 +405,7 @@ if __name__ == "__main__":
         logged_steps += 1
 
         if step % log_interval == 0 or step == max_iters:
-            loss_avg = nanolap.all_reduce_mean(logged_loss / logged_steps, device)
+            loss_avg = nanolap.all_reduce_mean(logged_loss / logged_steps, run_device)
             logged_loss = 0.0
             logged_steps = 0
             line = f"step {step}/{max_iters} | loss {loss_avg:.4f} | lr {peak_lr * lr_mult:.2e} | {total / per_step:,.0f} tok/s"
@@ -425,7 +425,7 @@ if __name__ == "__main__":
         if num_samples and max_new_tokens:
             print("-" * 80)
             try:
-                sample(raw_model.eval(), tokenizer, prompt, num_samples, max_new_tokens, temperature, top_k, seed, device)
+                sample(raw_model.eval(), tokenizer, prompt, num_samples, max_new_tokens, temperature, top_k, seed, run_device)
             except UsageError as e:
                 print(f"no sample: {e}")
         nanolap.write_result(out_dir, n_lap=model_cfg.n_lap, params=raw_model.num_params(), seed=seed,

@@ -257,9 +257,9 @@ if __name__ == "__main__":
     nanolap.config_from_options(config, "vit", img_size=img_size or max(patch, 1))
     if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
         nanolap.finished_run(config, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs", 2 * epochs)
-    rank, local_rank, world, device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
+    rank, local_rank, world, run_device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
     master = rank == 0
-    device_type = device.split(":")[0]
+    device_type = run_device.split(":")[0]
     if device_type == "cpu" and cpu_threads:
         torch.set_num_threads(cpu_threads)
 
@@ -280,8 +280,8 @@ if __name__ == "__main__":
     else:
         data = images.load_images(dataset, data_dir)
         (train_x, train_y), (val_x, val_y) = data["train"], data["val"]
-        train_data = (train_x[:train_subset or None].to(device), train_y[:train_subset or None].to(device))
-        val_data = (val_x[:val_subset or None].to(device), val_y[:val_subset or None].to(device))
+        train_data = (train_x[:train_subset or None].to(run_device), train_y[:train_subset or None].to(run_device))
+        val_data = (val_x[:val_subset or None].to(run_device), val_y[:val_subset or None].to(run_device))
         n_train = len(train_data[1])
         n_val = len(val_data[1])
         resolution = img_size or train_x.shape[-1]  # the model's image side
@@ -290,8 +290,8 @@ if __name__ == "__main__":
         mean = data["mean"]
         std = data["std"]
     num_classes = len(classes)
-    mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
-    std = torch.tensor(std, device=device).view(1, -1, 1, 1)
+    mean = torch.tensor(mean, device=run_device).view(1, -1, 1, 1)
+    std = torch.tensor(std, device=run_device).view(1, -1, 1, 1)
     global_batch = batch_size * grad_accum * world
     steps_per_epoch = n_train // global_batch
     if steps_per_epoch == 0:
@@ -304,8 +304,8 @@ if __name__ == "__main__":
     model_config = nanolap.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
                                               num_classes=num_classes)
     torch.manual_seed(seed)  # the same initial weights in every process
-    raw_model = nanolap.build_model(model_config).to(device)
-    optimizer = make_optimizer(raw_model, optimizer_name, lr, weight_decay, (beta1, beta2), device)
+    raw_model = nanolap.build_model(model_config).to(run_device)
+    optimizer = make_optimizer(raw_model, optimizer_name, lr, weight_decay, (beta1, beta2), run_device)
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
     step = 0
     best_acc = 0.0
@@ -329,11 +329,11 @@ if __name__ == "__main__":
     mixer = augment.make_mixer(mixup, cutmix, num_classes)
     tokens = model_config.img_size ** 2 // model_config.patch_size ** 2 + 1
     flops_per_img = raw_model.flops_per_token(tokens) * tokens
-    peak = nanolap.peak_flops(device)
+    peak = nanolap.peak_flops(run_device)
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{resolution}x{resolution}, "
-           f"{num_classes} classes, on {device}, {world} process{'es' if world > 1 else ''}")
+           f"{num_classes} classes, on {run_device}, {world} process{'es' if world > 1 else ''}")
     print0(f"model: {preset} {model_config.n_layer} layers, d {model_config.n_embd}, {model_config.n_head} heads, "
            f"patch {model_config.patch_size} ({tokens} tokens), Laplacian heads per layer "
            f"{model_config.lap_schedule()}, {raw_model.num_params():,} params")
@@ -357,11 +357,11 @@ if __name__ == "__main__":
         epoch, step_in_epoch = divmod(step, steps_per_epoch)
         if batches is None:
             batches = train_batches(train_data, epoch, step_in_epoch, steps_per_epoch, batch_size, grad_accum,
-                                    rank, world, seed, device, num_workers)
+                                    rank, world, seed, run_device, num_workers)
         lr_now = nanolap.cosine_schedule(step, max_steps, lr, min_lr, warmup_steps, warmup_from=1)
         for group in optimizer.param_groups:
             group["lr"] = lr_now
-        loss_accum = torch.zeros((), device=device)
+        loss_accum = torch.zeros((), device=run_device)
         for micro in range(grad_accum):
             torch.manual_seed(nanolap.step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
             # data time: on a CPU the wall time of loading + augmenting; on a GPU the time blocked on the
@@ -386,7 +386,7 @@ if __name__ == "__main__":
                 loss = compute_loss(logits, y, label_smoothing, bce_loss) / grad_accum
                 scaler.scale(loss).backward()
             loss_accum += loss.detach()
-        loss_value = nanolap.all_reduce_mean(loss_accum, device)  # every process sees the same value and stops together
+        loss_value = nanolap.all_reduce_mean(loss_accum, run_device)  # every process sees the same value and stops together
         nanolap.check_finite(loss_value, step)
         if grad_clip:
             scaler.unscale_(optimizer)
@@ -418,7 +418,7 @@ if __name__ == "__main__":
         if epoch_end:
             batches = None
             t0 = time.time()
-            val_acc, val_loss = evaluate(model, val_batches(val_data, 4 * batch_size, rank, world, device, num_workers),
+            val_acc, val_loss = evaluate(model, val_batches(val_data, 4 * batch_size, rank, world, run_device, num_workers),
                                          resolution, mean, std, ctx, world)
             best_acc = max(best_acc, val_acc)
             print0(f"eval epoch {step // steps_per_epoch}: val_acc {val_acc:.4f} val_loss {val_loss:.4f} "
