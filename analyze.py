@@ -455,13 +455,16 @@ def block_updates(block, x, rope=None):
 def update_heads(model, x, rope, stats, select):
     """One batch of the per-head analysis, block by block from the embedded tokens x; stats: one (VarChange of the
     heads, the attention sublayer and the whole block on the block's input, VarChange of the MLP) per block; select
-    picks the analysed tokens (dim 1). Returns the last block's output."""
+    picks the analysed tokens (dim 1). Returns what forward_features(all_layers=True) returns, [after block 1, ...,
+    after block L, final norm], built from the same updates (x + A + M), so that the blocks run once per batch."""
+    hidden = []
     for block, (on_input, on_mlp) in zip(model.blocks, stats):
         U, A, M = block_updates(block, x, rope)
         on_input.update(select(x), select(torch.cat([U, A[:, :, None], (A + M)[:, :, None]], dim=2)))
         on_mlp.update(select(x), select(M)[:, :, None], base=select(x + A))
         x = x + A + M
-    return x
+        hidden.append(x)
+    return hidden + [model.norm(x)]
 
 def head_results(model, stats):
     """analysis.json's "heads": per block, every head's rho / exact change (and the between-sequence pair), which
@@ -507,9 +510,8 @@ def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, b
     keep = dict(kept=[], shown=[], **(dict(pooled=[], seq_means=[], tokens=[]) if cls_head else {}))
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
         img = (augment.to_unit(x[s].to(device), model.config.img_size) - mean) / std
-        hs = model.forward_features(img, all_layers=True)  # L + 1 tensors (B, 1 + N, d)
+        hs = update_heads(model, model.embed(img), None, head_stats, sel)  # L + 1 tensors (B, 1 + N, d)
         update_layers([sel(h) for h in hs], y[s], layer_anova, cos_sum, spec, layer)
-        update_heads(model, model.embed(img), None, head_stats, sel)
         views.update(sel(hs[-2]), y[s])
         h = pick_layer(hs, layer)
         if cls_head:
@@ -540,9 +542,8 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
     cls = ClassStats(len(top))
     head_stats = [(VarChange(), VarChange()) for _ in range(L)]
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
-        hs = model.forward_features(x[s].to(device), all_layers=True)  # L + 1 tensors (B, T, d)
+        hs = update_heads(model, *model.embed(x[s].to(device)), head_stats, all_tokens)  # L + 1 tensors (B, T, d)
         update_layers(hs, torch.zeros(len(x[s]), dtype=torch.long), layer_anova, cos_sum, spec, layer)  # one class
-        update_heads(model, *model.embed(x[s].to(device)), head_stats, all_tokens)
         h = pick_layer(hs, layer)
         c = cls_of[targets[s].reshape(-1)]
         cls.update(h.reshape(-1, h.shape[-1])[c.to(device) >= 0], c[c >= 0])

@@ -297,7 +297,7 @@ def test_per_head_change_of_an_exact_diffusion_step():
     step = x - tau * (x - P @ x)  # one explicit diffusion step on that graph
     U, A, M = analyze.block_updates(block, x)
     assert torch.allclose(x + A + M, step, atol=1e-12) and torch.allclose(U[:, :, 0], step - x, atol=1e-12)
-    model = type("Model", (), dict(blocks=[block], config=block.attn))  # what update_heads/head_results read
+    model = type("Model", (), dict(blocks=[block], config=block.attn, norm=torch.nn.Identity()))  # what update_heads/head_results read
     model.config.graph = "attention"
     stats = [(analyze.VarChange(), analyze.VarChange())]
     analyze.update_heads(model, x[:2], None, stats, analyze.all_tokens)  # streamed in two batches
@@ -348,8 +348,9 @@ def test_heads_add_up_to_the_attention_sublayer_and_the_block(preset):
     inp = torch.randn(4, 1, 28, 28, dtype=torch.float64) if preset.startswith("vit") else torch.randint(0, 65, (4, 24))
     x, rope = (model.embed(inp), None) if preset.startswith("vit") else model.embed(inp)
     stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
-    out = analyze.update_heads(model, x, rope, stats, analyze.all_tokens)
-    assert torch.allclose(out, model.forward_features(inp, all_layers=True)[-2], rtol=1e-9, atol=1e-9)
+    hidden = analyze.update_heads(model, x, rope, stats, analyze.all_tokens)
+    for h, expected in zip(hidden, model.forward_features(inp, all_layers=True), strict=True):
+        assert torch.allclose(h, expected, rtol=1e-9, atol=1e-9)
     for block in model.blocks:
         U, A, M = analyze.block_updates(block, x, rope)
         assert torch.allclose(A, block.ls1(block.attn(block.norm1(x), rope)), rtol=1e-9, atol=1e-9)
