@@ -100,7 +100,9 @@ class AnovaStats:
             self.tok_sum = torch.zeros(d, **kw)
             self.tok_sumsq = torch.zeros((), **kw)
             self.within_seq = 0.0
-            self.count, self.mu_sumsq, self.mu_sum = *torch.zeros(2, self.C, **kw), torch.zeros(self.C, d, **kw)
+            self.count = torch.zeros(self.C, **kw)  # per class: sequences, sum of |mu_i|^2, sum of mu_i
+            self.mu_sumsq = torch.zeros(self.C, **kw)
+            self.mu_sum = torch.zeros(self.C, d, **kw)
         h = h - self.shift
         mu_i = h.mean(1)  # (B, d)
         self.n_seq, self.n_tok = self.n_seq + h.shape[0], self.n_tok + h.shape[0] * h.shape[1]

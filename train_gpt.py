@@ -307,7 +307,8 @@ if __name__ == "__main__":
         time_before = ckpt["seconds"]
     model = torch.compile(raw_model) if compile_model else raw_model
     if world > 1:
-        model = DDP(model, device_ids=[local_rank] if str(run_device).startswith("cuda") else None)
+        # broadcast_buffers=False: RoPE's cos/sin never change, so no broadcast (a wait) before every forward
+        model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, broadcast_buffers=False)
     ctx, amp_dtype = nanolap.autocast(run_device, dtype)
     peak = nanolap.peak_flops(run_device)
     flops_per_step = raw_model.flops_per_token(block_size) * total

@@ -127,8 +127,9 @@ def table(speeds, tree_list, script_list):
     return rows
 
 
-if __name__ == "__main__":
-    configure(globals())
+def parse_options(trees, scripts, rounds):
+    """The lists of trees (absolute paths) and scripts (in SCRIPTS' order) the options name; a UsageError if they
+    name an unknown script or a folder without nanolap code, or ask for no round."""
     tree_list = [os.path.abspath(t) for t in trees.split(",") if t]
     script_list = [s for s in SCRIPTS if s in scripts.split(",")]  # vit before analyze, which reads its run
     unknown = set(scripts.split(",")) - set(SCRIPTS)
@@ -139,6 +140,12 @@ if __name__ == "__main__":
         raise UsageError(f"--trees={trees!r}: {', '.join(missing) or 'no tree'} holds no nanolap code (train_gpt.py)")
     if rounds < 1:
         raise UsageError(f"--rounds={rounds}: must be at least 1")
+    return tree_list, script_list
+
+
+if __name__ == "__main__":
+    configure(globals())
+    tree_list, script_list = parse_options(trees, scripts, rounds)
     os.makedirs(out_dir, exist_ok=True)
     print(f"{os.cpu_count()} CPUs; {rounds} round(s) of {', '.join(script_list)} alone and next to one busy core, "
           f"in {', '.join(tree_list)}; logs in {out_dir}", flush=True)

@@ -801,6 +801,7 @@ def fake_run(root, kind, n_lap, seed, result, frac, epochs=6):
     (d / "result.txt").write_text("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()) + f" n_lap={n_lap}\n")
 
 
+@pytest.mark.slow  # ten seconds: every figure of four sets
 def test_report_from_saved_artefacts(tmp_path):
     """--report as a user runs it: summary.md's mean +- std and effect table (one metric separated, one overlapping),
     the figures; a folder without runs is a one-line error."""
@@ -823,7 +824,9 @@ def test_report_from_saved_artefacts(tmp_path):
     for f in figures + ["summary.md"]:
         assert f"wrote {root / f}" in p.stdout.splitlines() and os.path.getsize(root / f) > 500, f
     md = (root / "summary.md").read_text()
-    ms = lambda v: f"{np.mean(v):.4g} ± {np.std(v, ddof=1):.2g}"
+    def ms(v):
+        return f"{np.mean(v):.4g} ± {np.std(v, ddof=1):.2g}"
+
     vit_md = md.split("## vit (")[1].split("## ")[0]
     assert (f"| 0 | 2 | {ms(vit[0][0])} | {ms(vit[0][1])} | {ms(vit[0][2])} | " in vit_md and
             f"| 4 | 2 | {ms(vit[4][0])} | {ms(vit[4][1])} | {ms(vit[4][2])} | " in vit_md)
@@ -853,14 +856,21 @@ def test_headline_figure(tmp_path, figure_texts):
     """A column per paradigm present (vit, gpt, dino order), the headline metric on top and the within-sequence share
     (GPT: within-class share of next-token classes) below; a ViT set of the same recipe at another length is a series
     labelled with its epochs; sets of other recipes (CLS pooling, DINO on the scenes) stay out."""
-    group = lambda k, n, values: dict(n_lap=str(k), n_lap_mean=float(k), runs=["run"] * n, values=values)
-    vit = lambda epochs, ks, pooling="mean": dict(kind="vit", label=f"{epochs} epochs", config=dict(
-        dataset="fashion_mnist", epochs=epochs, pooling=pooling, seed=0), groups=[
-        group(k, 3, {"val_acc": [0.8 + k / 100] * 3, "within_seq (patch)": [0.3 - k / 50] * 3}) for k in ks])
+    def group(k, n, values):
+        return dict(n_lap=str(k), n_lap_mean=float(k), runs=["run"] * n, values=values)
+
+    def vit(epochs, ks, pooling="mean"):
+        return dict(kind="vit", label=f"{epochs} epochs", config=dict(
+            dataset="fashion_mnist", epochs=epochs, pooling=pooling, seed=0), groups=[
+            group(k, 3, {"val_acc": [0.8 + k / 100] * 3, "within_seq (patch)": [0.3 - k / 50] * 3}) for k in ks])
+
     gpt = dict(kind="gpt", label="gpt", config=dict(dataset="shakespeare_char"), groups=[
         group(k, 1, {"val_bpb": [2.2 - k / 20], "within_class (next-token)": [0.7]}) for k in (0, 2)])
-    dino = lambda dataset: dict(kind="dino", label=dataset, config=dict(dataset=dataset), groups=[
-        group(k, 1, {"knn_acc": [0.7], "within_seq (patch)": [0.9]}) for k in (0, 4)])
+
+    def dino(dataset):
+        return dict(kind="dino", label=dataset, config=dict(dataset=dataset), groups=[
+            group(k, 1, {"knn_acc": [0.7], "within_seq (patch)": [0.9]}) for k in (0, 4)])
+
     analyze.fig_headline({"dino": dino("fashion_mnist"), "dino_scenes": dino("scenes"), "gpt": gpt,
                           "vit": vit(6, (0, 2, 4)), "vit_cls": vit(6, (0, 4), "cls"), "vit_long": vit(18, (0, 4))},
                          str(tmp_path / "headline.png"))

@@ -7,9 +7,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import busy_bench  # noqa: E402
+from nanolap import UsageError  # noqa: E402
 
 # the progress lines as the three scripts print them (train_vit.py, train_gpt.py, train_dino.py)
 VIT = ("epoch 1/18 step {}/4212 | loss 2.1000 | lr 1.00e-04 | {} img/s | data 0.5% | eta 9m10s")
@@ -82,9 +85,12 @@ def test_two_trees_interleaved_with_a_busy_loop(tmp_path):
 
 
 def test_bad_options(tmp_path):
-    for args, message in ((["--scripts=gpt,bert"], "--scripts='gpt,bert': choose among vit,gpt,dino,analyze"),
-                          ([f"--trees={tmp_path}"], f"{tmp_path} holds no nanolap code"),
-                          (["--rounds=0"], "--rounds=0: must be at least 1")):
-        done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "busy_bench.py"), *args,
-                               f"--out_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 1 and message in done.stderr, done.stderr
+    for options, message in (((ROOT, "gpt,bert", 1), "--scripts='gpt,bert': choose among vit,gpt,dino,analyze"),
+                             ((str(tmp_path), "gpt", 1), f"{tmp_path} holds no nanolap code"),
+                             ((ROOT, "gpt", 0), "--rounds=0: must be at least 1")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            busy_bench.parse_options(*options)
+    assert busy_bench.parse_options(f"{ROOT},", "analyze,vit", 1) == ([ROOT], ["vit", "analyze"])
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "busy_bench.py"), "--rounds=0",
+                           f"--out_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "--rounds=0: must be at least 1" in done.stderr, done.stderr  # as a user sees it

@@ -107,8 +107,14 @@ def test_the_answers_live_on_the_instructors_page():
 def test_a_student_error_is_a_fail_with_its_traceback(tmp_path, capsys, monkeypatch):
     broken = type(sys)("broken")
     broken.__file__ = str(tmp_path / "ex1_laplacian.py")
-    broken.laplacian = lambda P: P @ P.new_ones(3, 3)  # a shape error
-    monkeypatch.setattr(check, "load", lambda number, solution=False: broken)
+    def laplacian(P):
+        return P @ P.new_ones(3, 3)  # a shape error
+
+    def load(number, solution=False):
+        return broken
+
+    broken.laplacian = laplacian
+    monkeypatch.setattr(check, "load", load)
     status, out = run_check(capsys, 1)
     assert status == 1 and out.rstrip().endswith("FAIL: exercise 1 raised an exception (above)")
 
