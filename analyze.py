@@ -910,8 +910,9 @@ def compare(results, out_dir, prefix, name):
                           for k, g in groups.items()], f"{name}: mean spectra", path + "spectra.png"),
             fig_collapse(curves, max((r["layerwise"]["layer"] for r in results), key=len),
                          f"{name}: layerwise within-sequence collapse", path + "collapse.png")]
-    if all(row["head_means"] for row in table):
-        figs.append(fig_head_means(table, color, f"{name}: per-head change of within-sequence variance{bars}",
+    with_heads = [row for row in table if row["head_means"]]  # runs analysed before the per-head pass have none
+    if with_heads:
+        figs.append(fig_head_means(with_heads, color, f"{name}: per-head change of within-sequence variance{bars}",
                                    path + "heads.png"))
     differ = differing_settings([r["train_config"] for r in results])
     if differ:
@@ -982,8 +983,8 @@ def compare_summary(comparisons, intro):
                       f"{min(1, 2 / math.comb(n0 + n1, n0)):.2g}: 'separated' is the most these seeds can show."]
         if len(groups) > 2:
             lines += trend_lines(groups, keys)
-        if all(g["head_means"] for g in groups):
-            lines += group_heads_lines(groups)
+        if any(g["head_means"] for g in groups):  # the n_lap values with per-head numbers
+            lines += group_heads_lines([g for g in groups if g["head_means"]])
         lines += ["", "Figures: " + ", ".join(c["figures"])]
     return "\n".join(lines + [""])
 

@@ -778,11 +778,12 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
     assert analyze.differing_settings(configs) == ["lr"]
 
 
-def fake_run(root, kind, n_lap, seed, result, frac, epochs=6):
+def fake_run(root, kind, n_lap, seed, result, frac, epochs=6, rho=None, set_name=None):
     """A run folder of results/sweep.sh (epochs=18: of vit_long): result.txt, log.jsonl and an analysis.json with the
     fields analyze.py writes (a 2-block model), its final-norm within_seq_frac (GPT: within_class_frac) = frac;
-    analysis_all.json with frac / 2 (ViT, DINO)."""
-    d = root / ("vit_long" if epochs == 18 else kind) / f"k{n_lap}-s{seed}"
+    analysis_all.json with frac / 2 (ViT, DINO). rho: per block, every head's rho (else no per-head numbers, as
+    in a run analysed before the per-head pass). set_name: the run's set, if not kind (or vit_long)."""
+    d = root / (set_name or ("vit_long" if epochs == 18 else kind)) / f"k{n_lap}-s{seed}"
     d.mkdir(parents=True)
     def analysis(frac):
         anova = ({"within_class_frac": frac, "between_class_frac": 1 - frac} if kind == "gpt" else
@@ -793,7 +794,10 @@ def fake_run(root, kind, n_lap, seed, result, frac, epochs=6):
                     train_config=dict(seed=seed, n_lap=n_lap, epochs=epochs, out_dir=str(d)), settings={"layer": -1},
                     anova=anova, nc=nc, spectrum={"lambda_mean": [4.0, 2.0, 1.0, 0.0], "k_0.9": 2.0, "k_0.99": 3.0 + seed},
                     layerwise={"layer": ["1", "2", "norm"], "within_seq_frac": [0.9, 0.8 - n_lap / 10, frac],
-                               "cosine": [0.1, 0.2, 0.3]})
+                               "cosine": [0.1, 0.2, 0.3]},
+                    **({} if rho is None else {"heads": {"graph": "attention", "layers": [
+                        {"block": l + 1, "rho": [r] * 4, "laplacian": [h >= 4 - n_lap for h in range(4)]}
+                        for l, r in enumerate(rho)]}}))
     (d / "analysis.json").write_text(json.dumps(analysis(frac)))
     if kind != "gpt":
         (d / "analysis_all.json").write_text(json.dumps(analysis(frac / 2)))
@@ -811,6 +815,9 @@ def test_report_from_saved_artefacts(tmp_path):
         for s in (0, 1):
             fake_run(root, "vit", k, s, dict(val_acc=acc[s], val_loss=loss[s]), frac[s])
             fake_run(root, "vit", k, s, dict(val_acc=acc[s] + 0.05, val_loss=loss[s]), frac[s], epochs=18)
+    for s, rho in ((0, [-0.1, -0.3]), (1, [-0.2, -0.5])):  # a set whose n_lap 4 runs alone have per-head numbers
+        fake_run(root, "vit", 0, s, dict(val_acc=0.8, val_loss=0.5), 0.3, set_name="vit_deep")
+        fake_run(root, "vit", 4, s, dict(val_acc=0.8, val_loss=0.5), 0.2, rho=rho, set_name="vit_deep")
     for k, bpb in ((0, 2.2), (2, 2.1)):
         fake_run(root, "gpt", k, 0, dict(val_loss=bpb / 1.4, val_bpb=bpb), 0.6)
         fake_run(root, "dino", k, 0, dict(knn_acc=0.7, linear_acc=0.75, seg_miou=0.1), 0.5)
@@ -818,12 +825,14 @@ def test_report_from_saved_artefacts(tmp_path):
     p = subprocess.run([sys.executable, SCRIPT, f"--report={root}"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert result_line(p.stdout) == {"sets": "dino,gpt,vit,vit_long", "runs": "12", "out": str(root)}
-    figures = [f"figures/{s}/{f}.png" for s in ("dino", "gpt", "vit", "vit_long")
-               for f in ("metric", "anova", "kalpha", "spectra", "collapse")] + ["figures/headline.png"]
+    assert result_line(p.stdout) == {"sets": "dino,gpt,vit,vit_deep,vit_long", "runs": "16", "out": str(root)}
+    figures = [f"figures/{s}/{f}.png" for s in ("dino", "gpt", "vit", "vit_deep", "vit_long")
+               for f in ("metric", "anova", "kalpha", "spectra", "collapse")]
+    figures += ["figures/vit_deep/heads.png", "figures/headline.png"]
     for f in figures + ["summary.md"]:
         assert f"wrote {root / f}" in p.stdout.splitlines() and os.path.getsize(root / f) > 500, f
     md = (root / "summary.md").read_text()
+
     def ms(v):
         return f"{np.mean(v):.4g} ± {np.std(v, ddof=1):.2g}"
 
@@ -840,6 +849,9 @@ def test_report_from_saved_artefacts(tmp_path):
     assert "| 0 | 1 | 2.2 | " in gpt_md and "within_class (next-token)" in gpt_md and "(patch)" not in gpt_md
     assert "| val_bpb | -0.1 | n/a | − | n/a (one run) |" in gpt_md  # one seed each: no standard error, no separation
     assert "nc1" not in md.split("## dino (")[1].split("## ")[0]  # no NC for DINO
+    deep_md = md.split("## vit_deep (")[1].split("## ")[0]  # the per-head table of the runs that have the numbers
+    assert "| 4 | laplacian | -0.1500 ± 0.0707 | -0.4000 ± 0.1414 |" in deep_md and "| 0 | attention |" not in deep_md
+    assert "Per-head analysis" not in vit_md
     # no runs, no folder, run directories besides --report: one-line errors
     (tmp_path / "empty").mkdir()
     p = subprocess.run([sys.executable, SCRIPT, "--report=empty"], cwd=tmp_path, capture_output=True, text=True,
