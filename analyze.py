@@ -735,12 +735,14 @@ def fig_headline(sets, path):
     """The README's figure, a column per paradigm: its headline end metric (END_METRICS' first; top) and the
     within-sequence share of the patch tokens (GPT: the within-class share of next-token classes; bottom) against n_lap,
     mean +- std over seeds. Sets of the first set's recipe at other lengths (vit_long) are series of their own,
-    labelled with their epochs; sets of other recipes (vit_cls, dino_scenes) are left out."""
+    labelled with their epochs; a second set of the same recipe and length (vit_amd: the same runs on another
+    machine) and sets of other recipes (vit_cls, dino_scenes) are left out."""
     kinds = [k for k in END_METRICS if any(c["kind"] == k for c in sets.values())]
     fig, axes = _plt().subplots(2, len(kinds), figsize=(4.8 * len(kinds), 7.4), squeeze=False)
     for kind, col in zip(kinds, axes.T):
         same = [c for c in sets.values() if c["kind"] == kind]
         same = [c for c in same if set(differing_settings([same[0]["config"], c["config"]])) <= {"epochs"}]  # one recipe
+        same = [c for i, c in enumerate(same) if c["label"] not in [d["label"] for d in same[:i]]]  # one set per length
         points = sorted({(g["n_lap_mean"], g["n_lap"]) for c in same for g in c["groups"]})  # (x, label) of every set
         bars = seeds_note([len(g["runs"]) for c in same for g in c["groups"]]).replace("+-", "$\\pm$")
         share = (("within_class (next-token)", "within-class share of next-token classes") if kind == "gpt" else

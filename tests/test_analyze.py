@@ -884,7 +884,8 @@ def test_headline_figure(tmp_path, figure_texts):
             group(k, 1, {"knn_acc": [0.7], "within_seq (patch)": [0.9]}) for k in (0, 4)])
 
     analyze.fig_headline({"dino": dino("fashion_mnist"), "dino_scenes": dino("scenes"), "gpt": gpt,
-                          "vit": vit(6, (0, 2, 4)), "vit_cls": vit(6, (0, 4), "cls"), "vit_long": vit(18, (0, 4))},
+                          "vit": vit(6, (0, 2, 4)), "vit_amd": vit(6, (0, 4)), "vit_cls": vit(6, (0, 4), "cls"),
+                          "vit_long": vit(18, (0, 4))},
                          str(tmp_path / "headline.png"))
     t = figure_texts["headline.png"]
     three, one = "(mean $\\pm$ std over 3 seeds per point)", "(1 seed per point, no spread)"
@@ -893,7 +894,7 @@ def test_headline_figure(tmp_path, figure_texts):
                            f"vit: within-sequence share of patch tokens\n{three}",
                            f"gpt: within-class share of next-token classes\n{one}",
                            f"dino: within-sequence share of patch tokens\n{one}"]
-    assert t["legend"] == ["6 epochs", "18 epochs"] * 2  # one series per ViT set, in both panels; GPT, DINO: none
+    assert t["legend"] == ["6 epochs", "18 epochs"] * 2  # one series per length, in both panels; GPT, DINO: none
 
 
 def test_bad_input(tmp_path, fashion_dir):
