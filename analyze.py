@@ -742,7 +742,10 @@ def fig_headline(sets, path):
     for kind, col in zip(kinds, axes.T):
         same = [c for c in sets.values() if c["kind"] == kind]
         same = [c for c in same if set(differing_settings([same[0]["config"], c["config"]])) <= {"epochs"}]  # one recipe
-        same = [c for i, c in enumerate(same) if c["label"] not in [d["label"] for d in same[:i]]]  # one set per length
+        by_length = {}
+        for c in same:
+            by_length.setdefault(c["label"], c)  # the first set of each length
+        same = list(by_length.values())
         points = sorted({(g["n_lap_mean"], g["n_lap"]) for c in same for g in c["groups"]})  # (x, label) of every set
         bars = seeds_note([len(g["runs"]) for c in same for g in c["groups"]]).replace("+-", "$\\pm$")
         share = (("within_class (next-token)", "within-class share of next-token classes") if kind == "gpt" else
