@@ -3,8 +3,8 @@
 # seeds 0-2, then analyze.py on every run. Two single-threaded runs at a time (accuracy does not depend on
 # machine load); about two hours on 2 cores. Checkpoints stay in out/sweep/; the small artefacts each run
 # keeps (log.jsonl, result.txt, analysis.json for patch tokens and analysis_all.json with the CLS token) are
-# copied to results/<set>/k<n_lap>-s<seed>/ (set: vit, gpt, dino, vit_long, vit_cls, dino_scenes). A finished
-# run (its result.txt copied) is skipped, so an interrupted sweep continues where it stopped.
+# copied to results/<set>/k<n_lap>-s<seed>/ (set: a job's fourth word, else its kind: vit, gpt, dino). A run
+# collected with its per-head analysis is skipped, so an interrupted sweep continues where it stopped.
 #
 #     bash results/sweep.sh                 # train, analyse, collect
 #     bash results/sweep.sh vit_long        # only the jobs whose line matches this pattern (see jobs below)
@@ -70,6 +70,10 @@ jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every 
         for k in 0 4; do echo "gpt $k $s gpt_uniform --graph=uniform"; done
         for k in 0 4; do echo "gpt $k $s"; done
     done
+    # The first sweep's runs trained again on another CPU (AMD EPYC) for their per-head numbers: the CPU changes the
+    # floats, so they form sets of their own instead of replacing the first sweep's artefacts
+    for k in 0 4; do echo "vit $k 2 vit_amd"; done
+    for s in 1 2; do for k in 0 4; do echo "gpt $k $s gpt_amd"; done; done
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_long --epochs=12"; done; done  # three times as long
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_longer --epochs=36"; done; done  # nine times
     for s in 0 1 2; do for k in 0 4; do echo "dino $k $s"; done; done
