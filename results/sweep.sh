@@ -76,7 +76,6 @@ jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every 
     for s in 1 2; do for k in 0 4; do echo "gpt $k $s gpt_amd"; done; done
     for s in 0 1 2; do for k in 0 4; do echo "dino $k $s dino_amd"; done; done
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_cls_amd --pooling=cls"; done; done
-    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_long_amd --epochs=12"; done; done
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_long --epochs=12"; done; done  # three times as long
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_longer --epochs=36"; done; done  # nine times
     for s in 0 1 2; do for k in 0 4; do echo "dino $k $s"; done; done
