@@ -864,6 +864,18 @@ def test_report_from_saved_artefacts(tmp_path):
         run_analyze(f"--report={root}", str(root / "vit" / "k0-s0"))
 
 
+@pytest.mark.slow  # half a minute: every figure of the committed sets
+def test_committed_summary_is_the_report_of_the_committed_artefacts(tmp_path):
+    """results/summary.md, where RESULTS.md's tables come from, is exactly what --report makes of the committed run
+    folders: an artefact added or changed without regenerating the report fails here."""
+    p = subprocess.run([sys.executable, SCRIPT, "--report=results", f"--out={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    with open(os.path.join(ROOT, "results", "summary.md")) as f:
+        committed = f.read()
+    assert (tmp_path / "summary.md").read_text() == committed
+
+
 def test_headline_figure(tmp_path, figure_texts):
     """A column per paradigm present (vit, gpt, dino order), the headline metric on top and the within-sequence share
     (GPT: within-class share of next-token classes) below; a ViT set of the same recipe at another length is a series
