@@ -745,7 +745,7 @@ def fig_headline(sets, path):
         by_length = {}
         for c in same:
             by_length.setdefault(c["label"], c)  # the first set of each length
-        same = list(by_length.values())
+        same = sorted(by_length.values(), key=lambda c: c["config"].get("epochs") or 0)  # the legend by length
         points = sorted({(g["n_lap_mean"], g["n_lap"]) for c in same for g in c["groups"]})  # (x, label) of every set
         bars = seeds_note([len(g["runs"]) for c in same for g in c["groups"]]).replace("+-", "$\\pm$")
         share = (("within_class (next-token)", "within-class share of next-token classes") if kind == "gpt" else
