@@ -85,4 +85,5 @@ jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every 
     # DINO on the generated scenes (items on textured backgrounds, where raw pixels are weak), for the PCA maps
     for k in 0 4; do echo "dino $k 0 dino_scenes --dataset=scenes --global_size=56 --epochs=3"; done
 }
-jobs | grep -E -- "${1:-.}" | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _
+# exit on the same line: bash reads a script as it runs, so an edit of this file during a sweep must not be read
+jobs | grep -E -- "${1:-.}" | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _; exit
