@@ -23,6 +23,7 @@ import atexit
 import difflib
 import json
 import os
+import platform
 import random
 import re
 import shlex
@@ -711,6 +712,26 @@ def peak_flops(device, name=None):
         return None
     name = re.sub(r"^(NVIDIA |Tesla |GeForce )+", "", name or torch.cuda.get_device_name(device))
     return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, name)), None)
+
+def machine_name(device):
+    """What a run trains on, as one word for its RESULT line and log (floats differ between machines: compare runs
+    of one machine): the GPU's name, or the CPU's model name and the vector instructions torch's kernels use."""
+    if str(device).startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{cpu_model_name()} {torch.backends.cpu.get_cpu_capability()}"
+    return re.sub(r"\s+", "_", name.strip())
+
+def cpu_model_name():
+    """The CPU's model name: /proc/cpuinfo on Linux, sysctl on a Mac, else what the platform module says."""
+    with suppress(OSError):
+        found = re.search(r"^model name\s*:\s*(.+)$", open("/proc/cpuinfo").read(), re.M)
+        if found:
+            return found.group(1)
+    with suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 def print_param_checksum(params, rank, world):
     """Every process of a DDP run reports its weights: the ranks must agree exactly (the tests compare them)."""

@@ -439,6 +439,7 @@ if __name__ == "__main__":
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     log_path = os.path.join(out_dir, "log.jsonl")
+    machine = nanolap.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
     start_step = 0
     knn_init = None
     if ckpt is not None:
@@ -481,7 +482,8 @@ if __name__ == "__main__":
                 knn_init = knn_acc if step == 0 else knn_init
                 nanolap.append_jsonl(log_path, dict(
                     step=step, epoch=round(step / steps_per_epoch, 4), knn_acc=knn_acc, knn_acc_pixels=pixels_knn,
-                    loss=last_loss, teacher_std=t_std, teacher_entropy=t_ent, seconds=round(time.time() - t_start, 1)))
+                    loss=last_loss, teacher_std=t_std, teacher_entropy=t_ent, seconds=round(time.time() - t_start, 1),
+                    machine=machine))
                 print(f"eval step {step}: knn_acc {knn_acc:.4f} (step 0: {knn_init:.4f}, raw pixels {pixels_knn:.4f})")
             rngs = [nanolap.rng_state()] * world
             if world > 1:
@@ -560,7 +562,7 @@ if __name__ == "__main__":
     elif master:
         res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn, **evaluate_final(
             teacher.backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks, probe_steps, seed, run_device, ctx))
-        nanolap.append_jsonl(log_path, dict(step=end_step, **res))
+        nanolap.append_jsonl(log_path, dict(step=end_step, **res, machine=machine))
         nanolap.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,
-                             steps=end_step, seconds=round(time.time() - t_start), **res)
+                             steps=end_step, seconds=round(time.time() - t_start), **res, machine=machine)
     nanolap.teardown_distributed()

@@ -311,6 +311,7 @@ if __name__ == "__main__":
         model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, broadcast_buffers=False)
     ctx, amp_dtype = nanolap.autocast(run_device, dtype)
     peak = nanolap.peak_flops(run_device)
+    machine = nanolap.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
     flops_per_step = raw_model.flops_per_token(block_size) * total
     peak_lr = matrix_lr if optimizer_name == "muon" else lr
     schedule = (max_iters, warmup_iters, warmdown_frac, final_lr_frac)  # get_lr_multiplier(step, *schedule)
@@ -359,7 +360,8 @@ if __name__ == "__main__":
                    f"train loss {metrics['train_loss']:.4f}")
             if master:
                 record = dict(step=step, **metrics, lr=peak_lr * get_lr_multiplier(step, *schedule), tokens=step * total)
-                nanolap.append_jsonl(log_path, dict(record, seconds=round(time_before + time.time() - t0, 2)))
+                record.update(seconds=round(time_before + time.time() - t0, 2), machine=machine)
+                nanolap.append_jsonl(log_path, record)
         if master and step > start_step and (evaluating or stopped):
             nanolap.save_checkpoint(dict(
                 kind="gpt", model_config=asdict(model_cfg), model=nanolap.clean_state_dict(raw_model.state_dict()),
@@ -431,5 +433,5 @@ if __name__ == "__main__":
                 print(f"no sample: {e}")
         nanolap.write_result(out_dir, n_lap=model_cfg.n_lap, params=raw_model.num_params(), seed=seed,
                              dataset=dataset, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
-                             val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"])
+                             val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine)
     nanolap.teardown_distributed()

@@ -330,6 +330,7 @@ if __name__ == "__main__":
     tokens = model_config.img_size ** 2 // model_config.patch_size ** 2 + 1
     flops_per_img = raw_model.flops_per_token(tokens) * tokens
     peak = nanolap.peak_flops(run_device)
+    machine = nanolap.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{resolution}x{resolution}, "
@@ -426,7 +427,7 @@ if __name__ == "__main__":
             if master:
                 nanolap.append_jsonl(os.path.join(out_dir, "log.jsonl"), dict(
                     step=step, epoch=step // steps_per_epoch, val_acc=val_acc, val_loss=val_loss, lr=lr_now,
-                    train_loss=loss_value, seconds=round(time.time() - t_start, 1)))
+                    train_loss=loss_value, seconds=round(time.time() - t_start, 1), machine=machine))
             t_log += time.time() - t0  # evaluation time is not training time
         stopped = step == stop_at_step and step < max_steps
         if master and (epoch_end or (ckpt_interval and step % ckpt_interval == 0) or step == stop_at_step):
@@ -447,5 +448,5 @@ if __name__ == "__main__":
         nanolap.write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset,
                              steps=step, seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss,
                              epochs=epochs, img_per_s=round(sum(speeds) / max(len(speeds), 1)),
-                             data_wait=sum(waits) / max(len(waits), 1))
+                             data_wait=sum(waits) / max(len(waits), 1), machine=machine)
     nanolap.teardown_distributed()

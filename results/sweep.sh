@@ -60,6 +60,15 @@ run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, i
 export -f run
 
 jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every regime at the same seeds; then the rest
+    # What makes the paper's pattern appear with a CLS token: LayerScale, length, or both. Four sets, every run on
+    # one machine: CLS with and without LayerScale 1e-6, at 4 and at 12 epochs (vit_cls4 repeats vit_cls's command,
+    # vit_cls_ls12 vit_deit's)
+    for s in 0 1 2; do
+        for k in 0 4; do echo "vit $k $s vit_cls_ls4 --pooling=cls --layerscale=1e-6"; done
+        for k in 0 4; do echo "vit $k $s vit_cls4 --pooling=cls"; done
+        for k in 0 4; do echo "vit $k $s vit_cls12 --pooling=cls --epochs=12"; done
+        for k in 0 4; do echo "vit $k $s vit_cls_ls12 --pooling=cls --layerscale=1e-6 --epochs=12"; done
+    done
     for s in 0 1 2; do for k in 4 0; do echo "vit $k $s vit_default --epochs=18"; done; done  # the CPU default: the third length
     for s in 0 1 2; do
         for k in 0 4; do echo "vit $k $s"; done
