@@ -4,16 +4,15 @@ Transformers by Smoothing Token Representations" (2026), defined precisely in th
 
     python analyze.py out/vit                                    # one run: writes out/vit/analysis/
     python analyze.py out/gpt --max_samples=200 --layer=2         # tokens after block 2 instead of the final norm
-    python analyze.py out/vit-k0-s0 out/vit-k4-s0 out/vit-k0-s1 --out=out/compare_vit   # compare runs
-    python analyze.py --report=results      # results/sweep.sh's tables and figures, from its artefacts alone
+    python analyze.py out/vit-k0 out/vit-k4 --out=out/vit-cmp     # several runs: out/vit-cmp/vit-k0/, .../vit-k4/
 
 Each run directory (ckpt.pt and log.jsonl of a training script) is measured on its own evaluation data, into
 analysis.json, summary.md, PNG figures and a RESULT line: ANOVA of token variance and token cosine after every
 block, the within-sequence spectrum (all kinds), PCA, Neural Collapse and the simplex-ETF projection (vit),
-next-token-class ANOVA and NC1-NC2 (gpt), PCA feature maps (dino); several runs are compared against n_lap.
+next-token-class ANOVA and NC1-NC2 (gpt), PCA feature maps (dino), and what every head does to the tokens.
+Comparing analysed runs against n_lap, and the sweep's report, are results/report.py's (it needs no checkpoint).
 """
 
-import glob
 import json
 import math
 import os
@@ -24,13 +23,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+import common
 import nanolap
-from nanolap import UsageError
+from common import UsageError
 from data import augment, images, text
 
 # ---------------------------------------------------------------- defaults
-out = ""  # output folder; "" = RUN/analysis (one run), the runs' common parent + /analysis (several), the --report folder
-report = ""  # a results folder of results/sweep.sh: its summary.md and figures from the saved artefacts, no checkpoints
+out = ""  # output folder; "" = RUN/analysis (one run), the runs' common parent + /analysis (several)
 max_samples = 1000  # images or text windows per run, a fixed random subset of the validation split: more = steadier
 batch_size = 64  # sequences per forward pass; lower it when memory runs out
 layer = -1  # tokens of the ANOVA, spectrum, PCA, GPT classes and DINO maps: -1 = after the final norm, k = block k
@@ -47,14 +46,7 @@ seed = 0  # which random subset of the validation split is analysed (the same su
 ALPHAS = (0.9, 0.99)  # k_alpha thresholds (the paper reports alpha = 0.99)
 ETF_TOKENS = 8  # ViT: tokens per image in the ETF token panel, at the same random positions in every image
 FINAL_METRIC = {"vit": ("val_acc", "higher"), "gpt": ("val_loss", "lower"), "dino": ("knn_acc", "higher")}
-# --report: the end metrics of a run's result.txt; the first is the headline figure's
-END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
-               "dino": ("knn_acc", "linear_acc", "seg_miou")}
 FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
-# settings that do not change what a run learns (paths, logging, hardware), ignored when comparing runs
-OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
-               "log_interval", "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from",
-               "cpu_procs", "cpu_threads"}
 # the fixed 2 x 3 map A from centred 3-simplex coordinates to an equilateral triangle: column k is the vertex of
 # class k (at 90, 210 and 330 degrees); the columns sum to 0, so the all-ones direction is dropped
 TRIANGLE = torch.tensor([[0.0, -math.sqrt(3) / 2, math.sqrt(3) / 2], [1.0, -0.5, -0.5]], dtype=torch.float64)
@@ -365,57 +357,6 @@ def head_weights(block):
     return out
 
 
-# ---------------------------------------------------------------- summaries over runs: means, seeds, settings, the trend test
-
-def _mean_std(values):
-    v = torch.tensor([x for x in values if x is not None], dtype=torch.float64)
-    std = (v.std().item() if len(v) > 1 else 0.0) if len(v) else None  # unbiased
-    return dict(mean=v.mean().item() if len(v) else None, std=std, n=len(v))
-
-def _mean_curve(curves):  # the mean of several runs' curves, cut to the shortest
-    n = min(len(c) for c in curves)
-    return torch.tensor([[math.nan if v is None else v for v in c[:n]] for c in curves], dtype=torch.float64).mean(0).tolist()
-
-def seeds_note(counts):  # what a comparison's error bars stand for: the runs (seeds) behind each of its points
-    n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
-    return "1 seed per point, no spread" if max(counts) == 1 else f"mean +- std over {n} seeds per point"
-
-def differing_settings(configs):
-    """Training settings, other than n_lap and seed, that all the compared runs record but set differently."""
-    keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
-    return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
-
-def effect(v0, v1):
-    """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
-    (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0 (None
-    with one seed in a group: one run against one says nothing about the spread)."""
-    s0, s1 = _mean_std(v0), _mean_std(v1)
-    if min(s0["n"], s1["n"]) < 2:
-        return s1["mean"] - s0["mean"], None, None
-    se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"])
-    return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
-
-def spearman_trend(xs, ys, samples=10_000, seed=0):
-    """Spearman's rank correlation of ys against xs (ties share their mean rank) over all runs of a set, and its
-    two-sided permutation p: the share of `samples` random pairings of the same values (fixed seed) whose |correlation|
-    reaches the observed one, counting the observed pairing once: (hits + 1) / (samples + 1)."""
-    rx, ry = _ranks(xs), _ranks(ys)
-    observed = _correlation(rx, ry[None])[0]
-    g = torch.Generator().manual_seed(seed)
-    shuffled = torch.stack([ry[torch.randperm(len(ry), generator=g)] for _ in range(samples)])
-    hits = (_correlation(rx, shuffled).abs() >= abs(observed) - 1e-12).sum().item()
-    return observed.item(), (hits + 1) / (samples + 1)
-
-def _ranks(values):  # ranks 1..n, ties at their mean rank
-    v = torch.tensor(values, dtype=torch.float64)
-    return torch.tensor([((v < x).sum() + ((v == x).sum() + 1) / 2).item() for x in v], dtype=torch.float64)
-
-def _correlation(x, ys):  # Pearson correlation of x (n,) with each row of ys (k, n)
-    x = x - x.mean()
-    ys = ys - ys.mean(-1, keepdim=True)
-    return (ys @ x) / (ys.norm(dim=-1) * x.norm()).clamp(min=1e-300)
-
-
 # ---------------------------------------------------------------- forward passes
 
 def pick_layer(hs, layer):  # hs = [after block 1, ..., after block L, final norm]; layer -1 or 1..L
@@ -559,16 +500,16 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
 
 # ---------------------------------------------------------------- figures
 
-def _plt():  # matplotlib on first use: --help and the tests of the metrics do without it
+def pyplot():  # matplotlib on first use: --help and the tests of the metrics do without it
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
-def _save(fig, path):
+def save_figure(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    _plt().close(fig)
+    pyplot().close(fig)
     return os.path.basename(path)
 
 LOOK_FOR = {  # the one line each figure carries: what to look for, and which way the paper predicts
@@ -587,7 +528,7 @@ LOOK_FOR = {  # the one line each figure carries: what to look for, and which wa
 }
 
 def fig_anova(rows, labels, keys, title, xlabel, path):  # stacked bars: rows[i][key] for each key, one bar per label
-    fig, ax = _plt().subplots(figsize=(6.8, 3.9))
+    fig, ax = pyplot().subplots(figsize=(6.8, 3.9))
     bottom = [0.0] * len(labels)
     for key, color in zip(keys, ("#4c72b0", "#dd8452", "#55a868")[-len(keys):]):
         vals = [r[key] or 0.0 for r in rows]
@@ -597,10 +538,10 @@ def fig_anova(rows, labels, keys, title, xlabel, path):  # stacked bars: rows[i]
     ax.set(xlabel=xlabel, ylabel="share of the token variance\n(part / TotalVar)", ylim=(0, 1), title=title)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(LOOK_FOR["anova" if "within_seq_frac" in keys else "anova_classes"], fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 def fig_collapse(curves, labels, title, path):  # curves: [(label, colour, layerwise dict)]
-    fig, ax = _plt().subplots(1, 2, figsize=(9.5, 3.9))
+    fig, ax = pyplot().subplots(1, 2, figsize=(9.5, 3.9))
     ylabels = ("within-sequence share of variance\n(WithinSeqVar / TotalVar)", "mean cosine similarity of\na sequence's tokens")
     for a, key, yl in zip(ax, ("within_seq_frac", "cosine"), ylabels):
         for name, color, lw in curves:
@@ -610,10 +551,10 @@ def fig_collapse(curves, labels, title, path):  # curves: [(label, colour, layer
     if curves[0][0]:  # several runs: which curve is which
         ax[0].legend(fontsize=7)
     fig.suptitle(f"{title}\n{LOOK_FOR['collapse']}", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 def fig_spectrum(curves, title, path, spec=None):  # curves: [(label, colour, lambda_mean)]; spec: one run's
-    fig, ax = _plt().subplots(figsize=(6.0, 4.2))
+    fig, ax = pyplot().subplots(figsize=(6.0, 4.2))
     for label, color, lam in curves:
         lam = torch.tensor(lam)
         keep = lam > lam[0] * 1e-12  # the centred rank is at most T - 1: drop the zero tail from the log plot
@@ -630,10 +571,10 @@ def fig_spectrum(curves, title, path, spec=None):  # curves: [(label, colour, la
            ylabel="variance along it ($\\lambda_j$)", title=title)
     ax.legend(fontsize=7)
     fig.suptitle(LOOK_FOR["spectrum"], fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 def fig_scatter(panels, names, classes, title, path, axes_labels, look_for):  # panels: [(title, xy, y, triangle)]
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 1.8 * (len(panels) == 1), 4.3), squeeze=False)
     for ax, (sub, xy, y, tri) in zip(axes[0], panels):
         if tri is not None:
@@ -645,7 +586,7 @@ def fig_scatter(panels, names, classes, title, path, axes_labels, look_for):  # 
                aspect="auto" if tri is None else "equal")
         ax.legend(fontsize=7, markerscale=3, loc="upper left", bbox_to_anchor=(1.0, 1.0) if tri is None else None)
     fig.suptitle(f"{title}\n{look_for}", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 def fig_pca(kept, labels, names, where, title, path):  # kept (n, T, d); the ten most frequent classes are drawn
     n, T, d = kept.shape
@@ -661,7 +602,7 @@ def fig_pca(kept, labels, names, where, title, path):  # kept (n, T, d); the ten
 def fig_heads(heads, title, path):
     """Left: rho_h of every head (rows) in every block (columns), diverging colours centred on 0, Laplacian heads
     marked L; right: the exact change of the within-sequence variance by the attention sublayer, the MLP and the block."""
-    plt = _plt()
+    plt = pyplot()
     layers = heads["layers"]
     rho = torch.tensor([[math.nan if r is None else r for r in layer["rho"]] for layer in layers]).T  # (H, L)
     H, L = rho.shape
@@ -684,78 +625,17 @@ def fig_heads(heads, title, path):
              ylabel="exact relative change of\nwithin-sequence variance", title="sublayers (negative: smoother)")
     bars.legend(fontsize=7)
     fig.suptitle(f"{title}\n{LOOK_FOR['heads']}", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 def fig_pca_maps(kept, shown, grid, title, path):
-    fig, axes = _plt().subplots(2, len(kept), figsize=(1.4 * len(kept) + 0.6, 3.3), squeeze=False)
+    fig, axes = pyplot().subplots(2, len(kept), figsize=(1.4 * len(kept) + 0.6, 3.3), squeeze=False)
     for a, b, patches, img in zip(*axes, kept, shown):
         a.imshow(img[0] if len(img) == 1 else img.permute(1, 2, 0), cmap="gray", vmin=0, vmax=255)  # RGB: no cmap
         b.imshow(pca_rgb(patches, grid).numpy(), interpolation="nearest")
         a.axis("off"), b.axis("off")
     fig.suptitle(title + "\nimages (top), top-3 PCs of their patch tokens as RGB (bottom)\n" + LOOK_FOR["pca_maps"],
                  fontsize=8)
-    return _save(fig, path)
-
-def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [(label, [{"mean", "std"} per x])]
-    fig, ax = (ax.figure, ax) if ax else _plt().subplots(figsize=(5, 3.6))  # ax: a panel of a larger figure, not saved
-    for (label, stats), fmt in zip(series, ("o-", "s--", "^:", "d-.", "v-", "x--") * len(series)):
-        pts = [(x, s) for x, s in zip(xs, stats) if s["mean"] is not None]
-        ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=fmt,
-                    capsize=3, label=label)
-    ax.set_xticks(xs, ticks, rotation=30 if any(" " in k for k in ticks) else 0)
-    ax.set(xlabel="Laplacian heads per layer", ylabel=ylabel, title=title)
-    if len(series) > 1:
-        ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return path and _save(fig, path)
-
-def fig_head_means(table, color, title, path):
-    """compare()'s per-head figure: per block, the mean rho of the Laplacian heads (solid) and of the attention heads
-    (dashed) of each n_lap group, mean +- std over its seeds."""
-    fig, ax = _plt().subplots(figsize=(5.6, 3.8))
-    for row in table:
-        for kind, style in (("laplacian", "o-"), ("attention", "s--")):
-            per_block = list(zip(*[m[kind] for m in row["head_means"]]))  # blocks x seeds
-            stats = [_mean_std(values) for values in per_block]
-            pts = [(l + 1, s) for l, s in enumerate(stats) if s["mean"] is not None]
-            if pts:
-                ax.errorbar([p for p, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=style,
-                            capsize=3, color=color[row["n_lap"]], label=f"n_lap={row['n_lap']}: {kind} heads")
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set(xlabel="block", ylabel="mean first-order change $\\rho$\n(negative: the heads smooth)", title=title)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
-
-def _point(comparison, point, key):  # mean +- std of `key` in the group at point (x, label); mean None: no point there
-    found = [g for g in comparison["groups"] if (g["n_lap_mean"], g["n_lap"]) == point]
-    return _mean_std(found[0]["values"][key]) if found else {"mean": None}
-
-def fig_headline(sets, path):
-    """The README's figure, a column per paradigm: its headline end metric (END_METRICS' first; top) and the
-    within-sequence share of the patch tokens (GPT: the within-class share of next-token classes; bottom) against n_lap,
-    mean +- std over seeds. Sets of the first set's recipe at other lengths (vit_long) are series of their own,
-    labelled with their epochs; a second set of the same recipe and length (vit_amd: the same runs on another
-    machine) and sets of other recipes (vit_cls, dino_scenes) are left out."""
-    kinds = [k for k in END_METRICS if any(c["kind"] == k for c in sets.values())]
-    fig, axes = _plt().subplots(2, len(kinds), figsize=(4.8 * len(kinds), 7.4), squeeze=False)
-    for kind, col in zip(kinds, axes.T):
-        same = [c for c in sets.values() if c["kind"] == kind]
-        same = [c for c in same if set(differing_settings([same[0]["config"], c["config"]])) <= {"epochs"}]  # one recipe
-        by_length = {}
-        for c in same:
-            by_length.setdefault(c["label"], c)  # the first set of each length
-        same = sorted(by_length.values(), key=lambda c: c["config"].get("epochs") or 0)  # the legend by length
-        points = sorted({(g["n_lap_mean"], g["n_lap"]) for c in same for g in c["groups"]})  # (x, label) of every set
-        bars = seeds_note([len(g["runs"]) for c in same for g in c["groups"]]).replace("+-", "$\\pm$")
-        share = (("within_class (next-token)", "within-class share of next-token classes") if kind == "gpt" else
-                 ("within_seq (patch)", "within-sequence share of patch tokens"))
-        head = END_METRICS[kind][0]
-        better = "lower" if head in ("val_bpb", "val_loss") else "higher"
-        for ax, (key, what) in zip(col, [(head, f"{head} ({better} is better)"), share]):
-            series = [(c["label"] if len(same) > 1 else None, [_point(c, p, key) for p in points]) for c in same]
-            fig_errorbars(*zip(*points), series, what, f"{kind}: {what}\n({bars})", None, ax)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- one run: its classifier analyses, analysis.json and summary.md
@@ -786,7 +666,7 @@ def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
 
 def final_metric(run_dir, kind):  # the last value of the run's headline metric in log.jsonl
     key = FINAL_METRIC[kind][0]
-    path = os.path.join(run_dir, "log.jsonl")
+    path = os.path.join(run_dir, common.LOG)
     found = {"value": None, "step": None}
     for line in open(path) if os.path.isfile(path) else []:
         try:
@@ -822,19 +702,14 @@ def writable_out(out):
     return out
 
 def write_outputs(obj, summary, out_dir):  # analysis.json (strict JSON) and summary.md, each written atomically
-    with nanolap.atomic_write(os.path.join(out_dir, "analysis.json")) as f:
+    with common.atomic_write(os.path.join(out_dir, common.ANALYSIS)) as f:
         f.write(json.dumps(_clean(obj), indent=1, allow_nan=False).encode())
-    with nanolap.atomic_write(os.path.join(out_dir, "summary.md")) as f:
+    with common.atomic_write(os.path.join(out_dir, common.SUMMARY)) as f:
         f.write(summary.encode())
 
-def _fmt(v, spec=".3f"):  # a number for a table, n/a for None
+def fmt(v, spec=".3f"):  # a number for a table, n/a for None
     return "n/a" if v is None else format(v, spec)
 
-
-def _ms(d):  # a _mean_std for a table: mean ± std (the std only over several seeds)
-    if d["mean"] is None:
-        return "n/a"
-    return f"{d['mean']:.4g}" + (f" ± {d['std']:.2g}" if d["n"] > 1 else "")
 
 def run_summary(res):
     s = res["settings"]
@@ -842,11 +717,11 @@ def run_summary(res):
     fm = res["final_metric"]
     lw = res["layerwise"]["within_seq_frac"]
     lines = [f"# {res['run']}: {res['kind']}, n_lap = {res['n_lap_label']} of {res['n_head']} heads", "",
-             f"Final {fm['name']} from log.jsonl: {_fmt(fm['value'], '.4f')} (step {fm['step']}).", "",
+             f"Final {fm['name']} from log.jsonl: {fmt(fm['value'], '.4f')} (step {fm['step']}).", "",
              f"Settings: {s['n_samples']} sequences of the validation split, layer {s['layer']} "
              f"(-1 = final norm), tokens: {s['tokens']}.", "", "| quantity | value |", "|---|---|"]
-    lines += [f"| ANOVA {key.replace('_', ' ')} | {_fmt(a[key])} |" for key in FRACS if key in a]
-    lines += [f"| within-seq share after block 1 -> last block | {_fmt(lw[0])} -> {_fmt(lw[-2])} |"]
+    lines += [f"| ANOVA {key.replace('_', ' ')} | {fmt(a[key])} |" for key in FRACS if key in a]
+    lines += [f"| within-seq share after block 1 -> last block | {fmt(lw[0])} -> {fmt(lw[-2])} |"]
     lines += [f"| k_{al} (mean over sequences) | {res['spectrum'][f'k_{al}']:.1f} |" for al in ALPHAS]
     for key, nc in ({"next-token classes": res["nc"]} if res["kind"] == "gpt" else res.get("nc", {})).items():
         lines += [f"| {m} ({key}) | {v if m == 'features' else format(v, '.4g')} |" for m, v in nc.items()
@@ -861,7 +736,7 @@ def views_lines(res):  # summary.md: the absolute ANOVA parts of the last block'
              "| tokens | within-seq var | between-seq var (total − within-seq) | within-seq share |", "|---|---|---|---|"]
     for name, v in views.items():
         lines.append(f"| {name.replace('_', ' ')} | {v['within_seq_var']:.4g} | {v['total_var'] - v['within_seq_var']:.4g} "
-                     f"| {_fmt(v['within_seq_frac'])} |")
+                     f"| {fmt(v['within_seq_frac'])} |")
     return lines
 
 def heads_lines(heads):  # summary.md: per block, the mean rho of each kind of head and the sublayers' exact changes
@@ -871,194 +746,9 @@ def heads_lines(heads):  # summary.md: per block, the mean rho of each kind of h
              "| block | Laplacian heads, mean rho | attention heads, mean rho | attention | MLP | block |",
              "|---|---|---|---|---|---|"]
     for layer, lap, att in zip(heads["layers"], means["laplacian"], means["attention"]):
-        exact = [_fmt(layer[part]["exact"], "+.4f") for part in ("attention", "mlp", "block_total")]
-        lines.append(f"| {layer['block']} | {_fmt(lap, '+.4f')} | {_fmt(att, '+.4f')} | " + " | ".join(exact) + " |")
+        exact = [fmt(layer[part]["exact"], "+.4f") for part in ("attention", "mlp", "block_total")]
+        lines.append(f"| {layer['block']} | {fmt(lap, '+.4f')} | {fmt(att, '+.4f')} | " + " | ".join(exact) + " |")
     return lines
-
-
-# ---------------------------------------------------------------- comparisons of several runs
-
-def compare(results, out_dir, prefix, name):
-    """Runs of one kind grouped by n_lap (seeds pooled): final metric, ANOVA fractions and k_alpha as mean +- std
-    (unbiased) and the lists of the runs' metrics ("metrics", None left out) per group, and five figures against n_lap,
-    saved in out_dir as prefix + metric.png etc. (prefix may name a folder) and titled with name."""
-    kind, layer = results[0]["kind"], results[0]["settings"]["layer"]
-    where = "final norm" if layer == -1 else f"after block {layer}"
-    results = sorted(results, key=lambda r: (r["n_lap_mean"], r["n_lap_label"]))  # the groups in the order of n_lap
-    groups = {k: [r for r in results if r["n_lap_label"] == k] for k in dict.fromkeys(r["n_lap_label"] for r in results)}
-    order = list(groups)
-    xs = [g[0]["n_lap_mean"] for g in groups.values()]
-    xs = xs if len(set(xs)) == len(xs) else list(range(len(order)))  # two lists with one mean: side by side
-    color = {k: _plt().cm.viridis(groups[k][0]["n_lap_mean"] / max(r["n_head"] for r in results) * 0.9) for k in order}
-    metric, better = FINAL_METRIC[kind]
-    parts = [k for k in FRACS if k in results[0]["anova"]]
-    table = [{"n_lap": k, "n_lap_mean": g[0]["n_lap_mean"], "runs": [r["run"] for r in g],
-              "seeds": [r["seed"] for r in g], metric: _mean_std(r["final_metric"]["value"] for r in g),
-              **{key: _mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
-                 for key in parts + [f"k_{a}" for a in ALPHAS]},
-              "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]},
-              "head_means": [head_means(r["heads"]) for r in g if "heads" in r]}
-             for k, g in groups.items()]
-    curves = [(f"n_lap={k}", color[k], {key: _mean_curve([r["layerwise"][key] for r in g])
-                                         for key in ("within_seq_frac", "cosine")}) for k, g in groups.items()]
-    spread = seeds_note([len(g["runs"]) for g in table])  # what the error bars stand for, in their figures' titles
-    bars, path = "\n(" + spread.replace("+-", "$\\pm$") + ")", os.path.join(out_dir, prefix)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    figs = [fig_errorbars(xs, order, [(None, [row[metric] for row in table])], f"final {metric} ({better} is better)",
-                          f"{name}: {metric} vs n_lap{bars}", path + "metric.png"),
-            fig_anova([{k: row[k]["mean"] for k in parts} for row in table], order, parts, f"{name}: ANOVA, {where}"
-                      + (", next-token classes" if kind == "gpt" else ""), "Laplacian heads per layer", path + "anova.png"),
-            fig_errorbars(xs, order, [(f"$k_{{{a}}}$", [row[f"k_{a}"] for row in table]) for a in ALPHAS],
-                          "principal components needed", f"{name}: k_alpha of within-sequence centred tokens{bars}",
-                          path + "kalpha.png"),
-            fig_spectrum([(f"n_lap={k}", color[k], _mean_curve([r["spectrum"]["lambda_mean"] for r in g]))
-                          for k, g in groups.items()], f"{name}: mean spectra", path + "spectra.png"),
-            fig_collapse(curves, max((r["layerwise"]["layer"] for r in results), key=len),
-                         f"{name}: layerwise within-sequence collapse", path + "collapse.png")]
-    with_heads = [row for row in table if row["head_means"]]  # runs analysed before the per-head pass have none
-    if with_heads:
-        figs.append(fig_head_means(with_heads, color, f"{name}: per-head change of within-sequence variance{bars}",
-                                   path + "heads.png"))
-    differ = differing_settings([r["train_config"] for r in results])
-    if differ:
-        print(f"note: the {name} runs also differ in {', '.join(differ)}; the comparison groups them by n_lap only")
-    return {"name": name, "kind": kind, "where": where, "metric": metric, "groups": table, "differing_settings": differ,
-            "spread": spread, "figures": [os.path.join(os.path.dirname(prefix), f) for f in figs]}  # paths in out_dir
-
-def run_metrics(a, result, a_all=None):
-    """What a comparison tabulates of a run, from its analysis a, its RESULT line's values and (ViT, DINO) optionally
-    the analysis a_all of all its tokens: the end metrics (END_METRICS; FINAL_METRIC's from log.jsonl where result
-    lacks it), the ANOVA fractions (at the analysed layer) of the patch tokens (GPT: of next-token classes) and of all
-    tokens (with CLS), the within-sequence share after the last block, NC1 (ViT: of the pooled features), k_0.99; the
-    absolute within- and between-sequence parts after the last block and the within-sequence share under the other
-    views (AnovaViews); the mean rho of the Laplacian and of the attention heads over blocks. None where the analysis
-    predates a quantity."""
-    fm = a["final_metric"]
-    nc = a.get("nc", {})
-    kind = a["kind"]
-    ends = {fm["name"]: fm["value"], **{k: float(v) for k, v in result.items() if k in END_METRICS[kind]}}
-    m = {k: ends.get(k) for k in END_METRICS[kind]}
-    cls = "CLS" in a["settings"].get("tokens", "")  # a itself is of all tokens (--tokens=all)
-    sources = [("next-token", a)] if kind == "gpt" else [("patch", None if cls else a), ("all", a if cls else a_all)]
-    for label, b in sources:
-        m.update({f"{f[:-5]} ({label})": b and b["anova"].get(f) for f in (FRACS[1:] if kind == "gpt" else FRACS[::2])})
-    m.update({"within_seq after last block": a["layerwise"]["within_seq_frac"][-2],  # [-1]: the final norm
-              "nc1": nc.get("nc1", nc.get("pooled", {}).get("nc1")), "k_0.99": a["spectrum"]["k_0.99"]})
-    views = a.get("anova_views", {})
-    last = views.get("last_block", {})
-    m["within_seq_var (last block)"] = last.get("within_seq_var")
-    m["between_seq_var (last block)"] = last["total_var"] - last["within_seq_var"] if last else None
-    for name in ("norm_without_affine", "classifier_rows", "classifier_complement"):
-        m[f"within_seq ({name.replace('_', ' ')})"] = views.get(name, {}).get("within_seq_frac")
-    means = head_means(a["heads"]) if "heads" in a else {"laplacian": [], "attention": []}
-    for kind, per_block in means.items():
-        rhos = [r for r in per_block if r is not None]
-        m[f"rho of {kind} heads (mean)"] = sum(rhos) / len(rhos) if rhos else None
-    return m
-
-def compare_summary(comparisons, intro):
-    """summary.md of compare()'s sets: the runs' metrics as mean ± std over seeds per n_lap, and the effect of the
-    largest n_lap against n_lap = 0."""
-    lines = ["# Comparison over n_lap", "", intro]
-    for c in comparisons:
-        groups = c["groups"]
-        g0 = c["groups"][0]
-        g1 = c["groups"][-1]
-        keys = [k for k in g0["values"] if any(g["values"][k] for g in groups)]
-        lines += ["", f"## {c['name']} ({c['kind']}, ANOVA at the {c['where']})", ""] + (
-            [f"Note: these runs also differ in {', '.join(c['differing_settings'])}.", ""] if c["differing_settings"] else [])
-        lines += [f"| n_lap | runs | {' | '.join(keys)} |", "|---" * (len(keys) + 2) + "|"]
-        lines += [f"| {g['n_lap']} | {len(g['runs'])} | " + " | ".join(_ms(_mean_std(g["values"][k])) for k in keys)
-                  + " |" for g in groups]
-        if len(groups) < 2 or g0["n_lap_mean"] != 0:
-            lines += ["", "No effect table: it needs runs with n_lap = 0 and with more Laplacian heads."]
-        else:
-            lines += ["", f"| n_lap = {g1['n_lap']} − n_lap = 0 | difference | std. error | sign | separated |",
-                      "|---" * 5 + "|"]
-            for k in [k for k in keys if g0["values"][k] and g1["values"][k]]:
-                diff, se, apart = effect(g0["values"][k], g1["values"][k])
-                sign = "+" if diff > 0 else "−" if diff < 0 else "0"
-                verdict = "n/a (one run)" if apart is None else "yes" if apart else "no"
-                lines.append(f"| {k} | {diff:+.4g} | {_fmt(se, '.2g')} | {sign} | {verdict} |")
-            n0, n1 = len(g0["runs"]), len(g1["runs"])
-            lines += ["", f"difference = mean(n_lap = {g1['n_lap']}) − mean(n_lap = 0); std. error = sqrt(s0²/n0 + "
-                      "s1²/n1), s the unbiased std (n/a with one seed); separated = yes when every seed of one group "
-                      f"lies strictly beyond every seed of the other. With {n0} + {n1} seeds an exact permutation "
-                      f"test's smallest two-sided p is 2 / C({n0 + n1}, {n0}) = "
-                      f"{min(1, 2 / math.comb(n0 + n1, n0)):.2g}: 'separated' is the most these seeds can show."]
-        if len(groups) > 2:
-            lines += trend_lines(groups, keys)
-        if any(g["head_means"] for g in groups):  # the n_lap values with per-head numbers
-            lines += group_heads_lines([g for g in groups if g["head_means"]])
-        lines += ["", "Figures: " + ", ".join(c["figures"])]
-    return "\n".join(lines + [""])
-
-def trend_lines(groups, keys):  # summary.md: Spearman's trend over every n_lap value of a set
-    lines = ["", "| trend over all n_lap values | Spearman's rank correlation | permutation p | runs |", "|---|---|---|---|"]
-    for k in keys:
-        xs = [g["n_lap_mean"] for g in groups for _ in g["values"][k]]
-        ys = [v for g in groups for v in g["values"][k]]
-        if len(set(ys)) > 1 and len(set(xs)) > 1:
-            r, p = spearman_trend(xs, ys)
-            lines.append(f"| {k} | {r:+.3f} | {p:.4f} | {len(ys)} |")
-    return lines + ["", "Spearman's correlation of each metric with n_lap over every run of the set (ties: mean ranks); "
-                    "p: the share of 10,000 random pairings (seed 0) with at least the observed |correlation|."]
-
-def group_heads_lines(groups):  # summary.md: per n_lap and block, the mean rho of each kind of head over seeds
-    n_blocks = max(len(m["laplacian"]) for g in groups for m in g["head_means"])
-    lines = ["", "Per-head analysis: mean first-order change rho of the block input's within-sequence variance "
-             "(negative = the heads smooth), per block, mean ± std over seeds:", "",
-             "| n_lap | heads | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |", "|---" * (n_blocks + 2) + "|"]
-    for g in groups:
-        for kind in ("laplacian", "attention"):
-            per_block = [_mean_std([m[kind][l] for m in g["head_means"] if l < len(m[kind])]) for l in range(n_blocks)]
-            if any(s["mean"] is not None for s in per_block):
-                cells = ["n/a" if s["mean"] is None else f"{s['mean']:+.4f}" + (f" ± {s['std']:.4f}" if s["n"] > 1 else "")
-                         for s in per_block]
-                lines.append(f"| {g['n_lap']} | {kind} | " + " | ".join(cells) + " |")
-    return lines
-
-
-# ---------------------------------------------------------------- the sweep's report (--report)
-
-def _read_json(folder, name):  # folder/name as JSON, None without the file
-    path = os.path.join(folder, name)
-    return json.load(open(path)) if os.path.isfile(path) else None
-
-def collect_runs(root):
-    """{set: [run]} of the folders root/<set>/<run>/ with analysis.json and result.txt: a run is its analysis.json with
-    "run" = the folder and "metrics" = run_metrics() of it, its result.txt and analysis_all.json (all tokens)."""
-    if not os.path.isdir(root):
-        raise UsageError(f"--report={root}: no such folder; give the results folder of results/sweep.sh, e.g. "
-                         f"--report=results")
-    sets = {}
-    for d in sorted(os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(root), "*", "*", "result.txt"))):
-        a = _read_json(d, "analysis.json")
-        if a is not None:
-            m = run_metrics(a, nanolap.read_result(d), _read_json(d, "analysis_all.json"))
-            sets.setdefault(os.path.basename(os.path.dirname(d)), []).append(dict(a, run=d, metrics=m))
-    if not sets:
-        raise UsageError(f"--report={root}: no run folders <set>/<run>/ with analysis.json and result.txt; give the "
-                         f"results folder of results/sweep.sh once a run has finished (--report=results)")
-    return sets
-
-def write_report(root, dest):
-    """--report: compare() of each set of root/<set>/<run>/ (figures in dest/figures/<set>/), summary.md and the
-    headline figure, from the saved artefacts alone."""
-    collected, sets = collect_runs(root), {}
-    writable_out(dest)
-    for name, runs in collected.items():
-        cfg = runs[0]["train_config"]
-        sets[name] = dict(compare(runs, dest, os.path.join("figures", name, ""), name), config=cfg,
-                          label=f"{cfg['epochs']} epochs" if cfg.get("epochs") else name)
-    intro = (f"`python analyze.py --report={root}`: end metrics from each run's result.txt, the rest from its "
-             "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")
-    with nanolap.atomic_write(os.path.join(dest, "summary.md")) as f:
-        f.write(compare_summary(sets.values(), intro).encode())
-    headline = fig_headline(sets, os.path.join(dest, "figures", "headline.png"))
-    written = [f for c in sets.values() for f in c["figures"]] + ["summary.md", os.path.join("figures", headline)]
-    print("\n".join(f"wrote {os.path.join(dest, f)}" for f in written))
-    nanolap.write_result(dest, sets=",".join(sets), runs=sum(map(len, collected.values())), out=dest)
 
 
 # ---------------------------------------------------------------- run
@@ -1073,12 +763,12 @@ def checked_checkpoints(paths, config):
     etf = config["etf_classes"]
     if len(etf) != 3 or len(set(etf)) != 3 or not all(isinstance(c, int) and c >= 0 for c in etf):
         raise UsageError(f"--etf_classes={etf}: give three different class indices, e.g. --etf_classes=[0,1,2]")
-    nanolap.check_options(config, at_least={1: ["max_samples", "batch_size"], 2: ["n_targets"]},
+    common.check_options(config, at_least={1: ["max_samples", "batch_size"], 2: ["n_targets"]},
                           choices={"tokens": ("patch", "all")})
     ckpts = []
     for p in paths:
-        path = p if p.endswith(".pt") else os.path.join(p, "ckpt.pt")
-        ckpt = nanolap.load_checkpoint(path)
+        path = p if p.endswith(".pt") else os.path.join(p, common.CHECKPOINT)
+        ckpt = common.load_checkpoint(path)
         if ckpt.get("kind") not in FINAL_METRIC or not {"model", "model_config"} <= set(ckpt):
             raise UsageError(f"{path}: not a checkpoint of the training scripts (kind {ckpt.get('kind')!r}, expected one "
                              f"of {sorted(FINAL_METRIC)}, with model and model_config)")
@@ -1100,7 +790,7 @@ def analyze_run(path, ckpt, out_dir, config, device):
     layer = config["layer"]
     where = "final norm" if layer == -1 else f"after block {layer}"  # the tokens analysed
     name = os.path.basename(os.path.normpath(run_dir)) or run_dir
-    model = nanolap.load_model(ckpt).to(device).eval()
+    model = common.load_model(ckpt).to(device).eval()
     x_lap, label = lap_label(model.config.n_lap)
     res = {"run": run_dir, "kind": kind, "n_lap": model.config.n_lap, "n_lap_mean": x_lap, "n_lap_label": label,
            "n_head": model.config.n_head, "seed": cfg.get("seed"), "step": ckpt.get("step"),
@@ -1157,21 +847,6 @@ def analyze_run(path, ckpt, out_dir, config, device):
           f"{', '.join(figs)}", flush=True)
     return res
 
-def compare_runs(results, out):
-    """Several runs: the comparisons over n_lap of each kind with two or more runs, in out."""
-    groups = {kind: [r for r in results if r["kind"] == kind] for kind in sorted({r["kind"] for r in results})}
-    for kind in [kind for kind, group in groups.items() if len(group) < 2]:
-        print(f"only one {kind} run: no {kind} comparison")
-    for r in results:
-        r["metrics"] = run_metrics(r, nanolap.read_result(r["run"]))
-    comparisons = [compare(group, out, f"compare_{kind}_", kind) for kind, group in groups.items() if len(group) > 1]
-    intro = ("End metrics from each run's result.txt (else its log.jsonl), the rest from its analysis; mean ± std "
-             "(unbiased) over seeds. Per-run analyses (analysis.json, summary.md, figures): "
-             + ", ".join(f"{os.path.basename(r['out_dir'])}/" for r in results) + ".")
-    write_outputs({"runs": results, "comparisons": comparisons}, compare_summary(comparisons, intro), out)
-    print(f"wrote {out}: analysis.json, summary.md, " + ", ".join(f for c in comparisons for f in c["figures"]))
-    return comparisons
-
 def is_run_path(arg):  # a positional argument naming a run: a folder, a .pt file, or a missing path (a mistyped run)
     return not arg.startswith("-") and (os.path.isdir(arg) or arg.endswith(".pt") or not os.path.exists(arg))
 
@@ -1189,15 +864,10 @@ def run_folders(ckpts, out):
     return folders
 
 if __name__ == "__main__":
-    config, _ = nanolap.configure(globals(), [a for a in sys.argv[1:] if not is_run_path(a)])
+    config, _ = common.configure(globals(), [a for a in sys.argv[1:] if not is_run_path(a)])
     paths = [a for a in sys.argv[1:] if is_run_path(a)]
-    if report:  # the sweep's report from saved artefacts: no checkpoint, model or data
-        if paths:
-            raise UsageError(f"--report reads {report}/<set>/<run>/ alone; give it no run directories ({paths[0]})")
-        write_report(report, out or report)
-        sys.exit(0)
     ckpts = checked_checkpoints(paths, config)
-    run_device = nanolap.resolve_device("cpu" if device == "auto" and not torch.cuda.is_available() else device)
+    run_device = common.resolve_device("cpu" if device == "auto" and not torch.cuda.is_available() else device)
     if run_device == "mps":
         raise UsageError("--device=mps: the statistics need float64, which MPS lacks; use --device=cpu")
     parent = os.path.commonpath([os.path.abspath(os.path.dirname(p)) for p, _ in ckpts])
@@ -1205,17 +875,15 @@ if __name__ == "__main__":
     out_root = writable_out(out or default_out)
     print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in {**config, "device": run_device}.items()),
           flush=True)
-    results = []
-    for (path, ckpt), folder in zip(ckpts, run_folders(ckpts, out_root)):
-        results.append(analyze_run(path, ckpt, writable_out(folder), config, run_device))
+    folders = run_folders(ckpts, out_root)
+    results = [analyze_run(path, ckpt, writable_out(folder), config, run_device) for (path, ckpt), folder in zip(ckpts, folders)]
     if len(results) == 1:  # one run: its RESULT line
         r = results[0]
         nc1 = r["nc"]["nc1"] if r["kind"] == "gpt" else r.get("nc", {}).get("pooled", {}).get("nc1")
-        nanolap.write_result(out_root, kind=r["kind"], n_lap=r["n_lap"],
-                             within_seq_frac=_fmt(pick_layer(r["layerwise"]["within_seq_frac"], layer), ".4f"),
+        common.write_result(out_root, kind=r["kind"], n_lap=r["n_lap"],
+                             within_seq_frac=fmt(pick_layer(r["layerwise"]["within_seq_frac"], layer), ".4f"),
                              **{f"k_{a}": f"{r['spectrum'][f'k_{a}']:.2f}" for a in ALPHAS},
                              **({} if nc1 is None else {"nc1": f"{nc1:.4g}"}), out=out_root)
-    else:
-        comparisons = compare_runs(results, out_root)
-        nanolap.write_result(out_root, runs=len(results), out=out_root,
-                             comparisons=",".join(c["kind"] for c in comparisons) or "none")
+    else:  # several: how to compare them (results/report.py reads the analyses just written)
+        print("compare them: python results/report.py " + " ".join(folders) + f" --out={out_root}")
+        common.write_result(out_root, runs=len(results), out=out_root)

@@ -47,8 +47,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import common
 import nanolap
-from nanolap import UsageError, print0
+from common import UsageError, print0
 from data import augment, images
 
 # ---------------------------------------------------------------- defaults: the CPU default (Fashion-MNIST, 2 cores)
@@ -148,7 +149,7 @@ def dino_loss(student_out, teacher_out, center, student_temp, teacher_temp, n_gl
 @torch.no_grad()
 def update_center(center, teacher_out, momentum, device="cpu"):
     """EMA of the teacher's mean output over the whole (all-process) batch."""
-    batch_mean = nanolap.all_reduce_mean(teacher_out.float().mean(dim=0, keepdim=True), device).to(center)
+    batch_mean = common.all_reduce_mean(teacher_out.float().mean(dim=0, keepdim=True), device).to(center)
     return center * momentum + batch_mean * (1 - momentum)
 
 @torch.no_grad()
@@ -191,7 +192,7 @@ def teacher_stats(teacher_out, center, temp):
 def batch_indices(n, batch_size, step, seed, rank=0, world=1):
     """This process's image indices at `step`: epoch e visits a permutation seeded by (seed, e), so resume is exact."""
     epoch, i = divmod(step, n // batch_size)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(nanolap.step_seed(seed, epoch)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(common.step_seed(seed, epoch)))
     start, per_rank = i * batch_size + rank * (batch_size // world), batch_size // world
     return perm[start:start + per_rank]
 
@@ -263,7 +264,7 @@ def train_linear(feats, labels, num_classes, steps, seed, batch_size=256, lr=3e-
     batches = (idx for _ in itertools.count() for idx in torch.randperm(len(feats), generator=g).split(batch_size))
     for step, idx in zip(range(steps), batches):  # epochs of shuffled batches
         for group in opt.param_groups:
-            group["lr"] = nanolap.cosine_schedule(step, steps, lr, 0.0)
+            group["lr"] = common.cosine_schedule(step, steps, lr, 0.0)
         loss = F.cross_entropy(clf((feats[idx] - mean) / std), labels[idx], ignore_index=ignore_index)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -333,7 +334,7 @@ def evaluate_final(backbone, eval_sets, seg_sets, mean, std, num_classes, linear
 # ---------------------------------------------------------------- run
 
 if __name__ == "__main__":
-    config, ckpt = nanolap.configure(globals(), schedule=("epochs", "warmup_epochs", "warmup_teacher_temp_epochs"))
+    config, ckpt = common.configure(globals(), schedule=("epochs", "warmup_epochs", "warmup_teacher_temp_epochs"))
 
     # ---- validation: every bad input fails here, in one line, before data is read or processes start
     for key, top in (("global_scale", 1), ("local_scale", 1), ("blur_sigma", math.inf)):
@@ -342,7 +343,7 @@ if __name__ == "__main__":
             raise UsageError(f"--{key}={lo_hi}: expected [low, high] with 0 <= low <= high" + " <= 1" * (top == 1))
     if len(jitter) != 4 or min(jitter) < 0 or jitter[3] > 0.5:
         raise UsageError(f"--jitter={jitter}: expected [brightness, contrast, saturation, hue] >= 0, hue <= 0.5")
-    nanolap.check_options(config, at_least={
+    common.check_options(config, at_least={
         1: ("batch_size", "out_dim", "head_hidden", "head_bottleneck", "global_size", "local_size", "eval_interval",
             "log_interval", "knn_k", "probe_steps", "linear_blocks", "cpu_procs"),
         0: ("local_crops", "train_subset", "eval_train", "eval_val", "seg_train", "seg_val", "warmup_epochs",
@@ -352,13 +353,13 @@ if __name__ == "__main__":
         choices=dict(dataset=images.DATASETS + ("imagefolder",), seg_dataset=("scenes", "pets", "none")))
     if resume and eval_only:
         raise UsageError("--resume and --eval_only exclude each other")
-    ctx, amp_dtype = nanolap.autocast(nanolap.resolve_device(device), dtype)  # checks --device and --dtype too
+    ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype too
     if not eval_only:  # the model settings, before any data is loaded
-        patch = nanolap.config_from_options(config, "vit", img_size=global_size, num_classes=0).patch_size
+        patch = common.config_from_options(config, "vit", img_size=global_size, num_classes=0).patch_size
         for key in ["local_size"] * (local_crops > 0) + ["seg_size"] * (seg_dataset != "none"):  # only sizes in use
             if config[key] % patch:
                 raise UsageError(f"--{key}={config[key]} is not a multiple of the patch size {patch}")
-        procs = int(os.environ.get("WORLD_SIZE", cpu_procs if nanolap.resolve_device(device) == "cpu" else 1))
+        procs = int(os.environ.get("WORLD_SIZE", cpu_procs if common.resolve_device(device) == "cpu" else 1))
         if batch_size % procs:
             raise UsageError(f"--batch_size={batch_size} is not divisible by the {procs} processes")
         if ckpt is not None and ckpt.get("kind") == "dino" and len(ckpt["rng"]) != procs:  # each one's RNG is saved
@@ -367,11 +368,11 @@ if __name__ == "__main__":
 
     # ---- eval_only: probe a checkpoint's backbone (DINO teacher or supervised ViT) on the data it was trained on
     if eval_only:
-        run_device = nanolap.resolve_device(device)
-        ckpt = nanolap.load_checkpoint(eval_only, "--eval_only: ")
+        run_device = common.resolve_device(device)
+        ckpt = common.load_checkpoint(eval_only, "--eval_only: ")
         if ckpt["model_config"]["model"] != "vit":
             raise UsageError(f"{eval_only} holds a {ckpt['model_config']['model']} model; the probes need a ViT")
-        backbone = nanolap.load_model(ckpt).to(run_device).eval()
+        backbone = common.load_model(ckpt).to(run_device).eval()
         trained = {**config, **ckpt.get("config", {})}  # the data it was trained on
         data = (images.imagefolder_squares(trained["data_dir"], trained["imagefolder_base"])
                 if trained["dataset"] == "imagefolder" else images.load_images(trained["dataset"], trained["data_dir"]))
@@ -385,13 +386,14 @@ if __name__ == "__main__":
             for s, n in (("train", seg_train), ("val", seg_val))]
         res = dict(knn_acc=knn_eval(backbone, eval_sets, mean, std, K, knn_k, knn_temp, run_device, ctx),
                    knn_acc_init=ckpt.get("knn_acc_init"),  # None: not a DINO checkpoint
-                   knn_acc_pixels=knn_eval(None, eval_sets, mean, std, K, knn_k, knn_temp, run_device),
-                   **evaluate_final(backbone, eval_sets, seg_sets, mean, std, K, linear_blocks, probe_steps, seed, run_device, ctx))
+                   knn_acc_pixels=knn_eval(None, eval_sets, mean, std, K, knn_k, knn_temp, run_device))
+        res.update(evaluate_final(backbone, eval_sets, seg_sets, mean, std, K, linear_blocks=linear_blocks,
+                                  probe_steps=probe_steps, seed=seed, device=run_device, ctx=ctx))
         os.makedirs(out_dir, exist_ok=True)
-        nanolap.write_result(out_dir, **res)
+        common.write_result(out_dir, **res)
         sys.exit(0)
 
-    rank, local_rank, world, run_device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
+    rank, local_rank, world, run_device = common.start_processes(out_dir, resume, cpu_procs, device)
     master = rank == 0
     device_type = run_device.split(":")[0]
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
@@ -409,7 +411,7 @@ if __name__ == "__main__":
     steps_per_epoch = n_train // batch_size
     total_steps = max(1, round(epochs * steps_per_epoch))
     if ckpt is not None and ckpt["step"] >= total_steps:  # leave a finished run as it is (every process stops here)
-        nanolap.finished_run(config, ckpt["step"], total_steps, "epochs", 2 * epochs)
+        common.finished_run(config, ckpt["step"], total_steps, "epochs", 2 * epochs)
     eval_sets = [images.load_eval_images(data, s, n, global_size, num_workers) for s, n in (("train", eval_train),
                                                                                                  ("val", eval_val))]
     seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, seg_size, in_chans)  # now: fail before training
@@ -420,8 +422,8 @@ if __name__ == "__main__":
     num_classes = data["num_classes"]
 
     # ---- student and teacher: the same ViT + DINO head; the teacher has no drop path and learns only by EMA
-    s_cfg = nanolap.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0)
-    t_cfg = nanolap.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0,
+    s_cfg = common.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0)
+    t_cfg = common.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0,
                                         drop_path=0.0)
     student = DINO(nanolap.ViT(s_cfg), nanolap.DINOHead(s_cfg.n_embd, out_dim, head_hidden, head_bottleneck,
                                                          norm_last_layer=norm_last_layer)).to(run_device)
@@ -437,27 +439,27 @@ if __name__ == "__main__":
     # ---- optimiser (and the state of a resumed run)
     optimizer = torch.optim.AdamW(param_groups(student), lr=0.0, fused=device_type in ("cuda", "cpu"))
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    log_path = os.path.join(out_dir, "log.jsonl")
-    machine = nanolap.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
+    ckpt_path = os.path.join(out_dir, common.CHECKPOINT)
+    log_path = os.path.join(out_dir, common.LOG)
+    machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
     start_step = 0
     knn_init = None
     if ckpt is not None:
-        nanolap.check_resume(ckpt, "dino", t_cfg)
-        student.load_state_dict(nanolap.clean_state_dict(ckpt["student"]))
-        teacher.load_state_dict(nanolap.clean_state_dict(ckpt["teacher"]))
+        common.check_resume(ckpt, "dino", t_cfg)
+        student.load_state_dict(common.clean_state_dict(ckpt["student"]))
+        teacher.load_state_dict(common.clean_state_dict(ckpt["teacher"]))
         center = ckpt["center"].to(run_device)
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
         start_step = ckpt["step"]
         knn_init = ckpt.get("knn_acc_init")
-        nanolap.set_rng_state(ckpt["rng"][rank])
+        common.set_rng_state(ckpt["rng"][rank])
         print0(f"resumed from {ckpt_path} at step {start_step}")
     end_step = stop_at_step if start_step < stop_at_step < total_steps else total_steps  # a resume runs past its stop
     if compile_model:  # the backbones: the DINO wrapper concatenates crops of several sizes
         student.backbone = torch.compile(student.backbone)
         teacher.backbone = torch.compile(teacher.backbone)
-    train_student = DDP(student, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else student
+    ddp_student = DDP(student, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else student
     lr_peak = lr * batch_size / 256  # DINO's linear scaling rule
     warmup_steps = round(warmup_epochs * steps_per_epoch)
     temp_warmup_steps = round(warmup_teacher_temp_epochs * steps_per_epoch)
@@ -480,19 +482,19 @@ if __name__ == "__main__":
             if master:  # k-NN of the teacher backbone, then a checkpoint with every process's random state
                 knn_acc = knn_eval(teacher.backbone, eval_sets, mean, std, num_classes, knn_k, knn_temp, run_device, ctx)
                 knn_init = knn_acc if step == 0 else knn_init
-                nanolap.append_jsonl(log_path, dict(
+                common.append_jsonl(log_path, dict(
                     step=step, epoch=round(step / steps_per_epoch, 4), knn_acc=knn_acc, knn_acc_pixels=pixels_knn,
                     loss=last_loss, teacher_std=t_std, teacher_entropy=t_ent, seconds=round(time.time() - t_start, 1),
                     machine=machine))
                 print(f"eval step {step}: knn_acc {knn_acc:.4f} (step 0: {knn_init:.4f}, raw pixels {pixels_knn:.4f})")
-            rngs = [nanolap.rng_state()] * world
+            rngs = [common.rng_state()] * world
             if world > 1:
-                dist.all_gather_object(rngs, nanolap.rng_state())
+                dist.all_gather_object(rngs, common.rng_state())
             if master:
-                nanolap.save_checkpoint(dict(  # the contract analyze.py reads: kind, model_config, model, config
-                    kind="dino", model_config=asdict(t_cfg), model=nanolap.clean_state_dict(teacher.backbone.state_dict()),
-                    config=config, student=nanolap.clean_state_dict(student.state_dict()),
-                    teacher=nanolap.clean_state_dict(teacher.state_dict()), center=center.cpu(), step=step,
+                common.save_checkpoint(dict(  # the contract analyze.py reads: kind, model_config, model, config
+                    kind="dino", model_config=asdict(t_cfg), model=common.clean_state_dict(teacher.backbone.state_dict()),
+                    config=config, student=common.clean_state_dict(student.state_dict()),
+                    teacher=common.clean_state_dict(teacher.state_dict()), center=center.cpu(), step=step,
                     optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=step / steps_per_epoch,
                     rng=rngs, knn_acc_init=knn_init), ckpt_path)
             t_last += time.time() - t0  # evaluation time does not count against img/s
@@ -500,10 +502,10 @@ if __name__ == "__main__":
             break
 
         epoch = step // steps_per_epoch  # schedules: functions of the step
-        lr_step = nanolap.cosine_schedule(step, total_steps, lr_peak, min_lr, warmup_steps)
-        wd_step = nanolap.cosine_schedule(step, total_steps, weight_decay, weight_decay_end)
-        momentum = nanolap.cosine_schedule(step, total_steps, momentum_teacher, 1.0)
-        t_temp = nanolap.cosine_schedule(step, total_steps, teacher_temp, teacher_temp, temp_warmup_steps,
+        lr_step = common.cosine_schedule(step, total_steps, lr_peak, min_lr, warmup_steps)
+        wd_step = common.cosine_schedule(step, total_steps, weight_decay, weight_decay_end)
+        momentum = common.cosine_schedule(step, total_steps, momentum_teacher, 1.0)
+        t_temp = common.cosine_schedule(step, total_steps, teacher_temp, teacher_temp, temp_warmup_steps,
                                          warmup_teacher_temp)
         optimizer.param_groups[0].update(lr=lr_step, weight_decay=wd_step)  # weights
         optimizer.param_groups[1].update(lr=lr_step)  # biases and norms: no weight decay
@@ -511,14 +513,14 @@ if __name__ == "__main__":
             batches = epoch_batches(x_train, subset, n_train, batch_size, step, seed, rank, world, num_workers,
                                     pin_memory=device_type == "cuda")
         batch = next(batches).to(run_device, non_blocking=True)
-        torch.manual_seed(nanolap.step_seed(seed, step, rank))  # crops and drop path: resume is exact
+        torch.manual_seed(common.step_seed(seed, step, rank))  # crops and drop path: resume is exact
         crops = multicrop(batch, torch.default_generator)  # [global (2B, C, G, G), local (nB, C, L, L)]
         with ctx:
             with torch.no_grad():
                 teacher_out = teacher(crops[:1]).float()  # only the global crops go through the teacher
-            student_out = train_student(crops).float()  # ((2 + n) * B, out_dim)
+            student_out = ddp_student(crops).float()  # ((2 + n) * B, out_dim)
         loss = dino_loss(student_out, teacher_out, center, student_temp, t_temp)
-        nanolap.check_finite(loss.item(), step)
+        common.check_finite(loss.item(), step)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
@@ -542,7 +544,7 @@ if __name__ == "__main__":
             print0(f"step {step}/{total_steps} | ep {step / steps_per_epoch:.2f} | loss {loss_sum / n_loss:.4f} | "
                    f"lr {lr_step:.2e} | wd {wd_step:.3f} | mom {momentum:.5f} | t_temp {t_temp:.4f} | t_std {t_std:.4f} | "
                    f"t_ent {t_ent:.3f} | {ips:.0f} img/s | "
-                   f"ETA {nanolap.format_time((end_step - step) * batch_size / max(ips, 1e-9))}")
+                   f"ETA {common.format_time((end_step - step) * batch_size / max(ips, 1e-9))}")
             if t_std < collapse_std and step > warmup_steps:
                 print0(f"warning: the teacher's outputs barely differ across images (std {t_std:.2e} < "
                        f"{collapse_std}): DINO may be collapsing. t_ent near 0: one prototype for every image (centre more: "
@@ -555,14 +557,15 @@ if __name__ == "__main__":
 
     # ---- final probes and the RESULT line
     if world > 1:
-        nanolap.print_param_checksum([*student.parameters(), *teacher.parameters()], rank, world)
+        common.print_param_checksum([*student.parameters(), *teacher.parameters()], rank, world)
     stopped = end_step < total_steps  # by --stop_at_step
     if stopped:
         print0(f"stopped at step {end_step} of {total_steps} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
-        res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn, **evaluate_final(
-            teacher.backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks, probe_steps, seed, run_device, ctx))
-        nanolap.append_jsonl(log_path, dict(step=end_step, **res, machine=machine))
-        nanolap.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,
+        probes = evaluate_final(teacher.backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks=linear_blocks,
+                                probe_steps=probe_steps, seed=seed, device=run_device, ctx=ctx)
+        res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn, **probes)
+        common.append_jsonl(log_path, dict(step=end_step, **res, machine=machine))
+        common.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,
                              steps=end_step, seconds=round(time.time() - t_start), **res, machine=machine)
-    nanolap.teardown_distributed()
+    common.teardown_distributed()

@@ -40,8 +40,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import common
 import nanolap
-from nanolap import UsageError, print0
+from common import UsageError, print0
 from data import text
 
 # ---------------------------------------------------------------- defaults
@@ -131,7 +132,7 @@ def orthogonalize(G, steps=5, eps=1e-7):
     a = 3.4445  # the quintic's coefficients, one polynomial
     b = -4.7750
     c = 2.0315
-    X = G.bfloat16() if G.is_cuda else G.float()  # bf16 on GPU; CPUs without bf16 units are 20x slower in it
+    X = G.bfloat16() if G.is_cuda else G.float()  # bf16 on GPU; on a CPU float32 (bf16 is emulated there)
     if X.size(-2) > X.size(-1):
         X = X.mT
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
@@ -227,11 +228,11 @@ def sample(model, tokenizer, prompt, num_samples, max_new_tokens, temperature, t
 
 def sample_checkpoint(path, device, prompt, num_samples, max_new_tokens, temperature, top_k, seed):
     """--sample_from=path: load a GPT checkpoint and print samples; no data directory is needed."""
-    ckpt = nanolap.load_checkpoint(path, "--sample_from: ", map_location=device)
+    ckpt = common.load_checkpoint(path, "--sample_from: ", map_location=device)
     if ckpt.get("kind") != "gpt":
         raise UsageError(f"{path} is a {ckpt.get('kind')!r} checkpoint; --sample_from needs one written by "
                          f"train_gpt.py (kind 'gpt')")
-    model = nanolap.load_model(ckpt).to(device).eval()
+    model = common.load_model(ckpt).to(device).eval()
     print(f"sampling from {path} (step {ckpt['step']}, {ckpt['config']['dataset']}, n_lap={model.config.n_lap})")
     print("-" * 80)
     return sample(model, text.get_tokenizer(ckpt["meta"]), prompt, num_samples, max_new_tokens, temperature,
@@ -240,30 +241,30 @@ def sample_checkpoint(path, device, prompt, num_samples, max_new_tokens, tempera
 # ---------------------------------------------------------------- run
 
 if __name__ == "__main__":
-    config, ckpt = nanolap.configure(globals(), schedule=("max_iters", "warmup_iters", "warmdown_frac"))
+    config, ckpt = common.configure(globals(), schedule=("max_iters", "warmup_iters", "warmdown_frac"))
     # ---- validation: every mistake in the options fails here, in one line, before any work
     if dtype not in ("auto", "float32", "bfloat16"):
         raise UsageError(f"--dtype={dtype!r}: choose auto, bfloat16 or float32" + (
             " (float16 needs a gradient scaler, which train_gpt.py does not use)" if dtype == "float16" else ""))
-    nanolap.check_options(config, at_least={
+    common.check_options(config, at_least={
         1: ("max_iters", "eval_interval", "eval_iters", "log_interval", "block_size", "batch_size", "num_samples"),
         0: ("stop_at_step", "warmup_iters", "total_batch_size", "seed", "max_new_tokens", "top_k", "temperature",
             "grad_clip", "weight_decay")},
         fractions=("warmdown_frac", "final_lr_frac"),
         choices=dict(optimizer_name=("muon", "adamw")))
     if not sample_from:
-        nanolap.config_from_options(config, "gpt")  # a bad model (n_lap > n_head, ...) fails before any data is read
+        common.config_from_options(config, "gpt")  # a bad model (n_lap > n_head, ...) fails before any data is read
     if ckpt is not None and block_size > ckpt["model_config"]["block_size"]:
         raise UsageError(f"--block_size={block_size} is larger than the model's block_size="
                          f"{ckpt['model_config']['block_size']} (its rotary embeddings end there)")
     if sample_from:  # only sample a checkpoint: no data, no training
-        sample_checkpoint(sample_from, nanolap.resolve_device(device), prompt, num_samples, max_new_tokens,
+        sample_checkpoint(sample_from, common.resolve_device(device), prompt, num_samples, max_new_tokens,
                           temperature, top_k, seed)
         raise SystemExit(0)
-    nanolap.resolve_device(device)  # a bad --device fails before out_dir is touched
+    common.resolve_device(device)  # a bad --device fails before out_dir is touched
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
-        nanolap.finished_run(config, ckpt["step"], max_iters, "max_iters", 2 * max_iters)
-    rank, local_rank, world, run_device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
+        common.finished_run(config, ckpt["step"], max_iters, "max_iters", 2 * max_iters)
+    rank, local_rank, world, run_device = common.start_processes(out_dir, resume, cpu_procs, device)
     master = rank == 0
     torch.manual_seed(seed)
 
@@ -286,7 +287,7 @@ if __name__ == "__main__":
     grad_accum = total // tokens_per_batch
 
     # ---- model and optimisers (a resumed run restores both, its random state and its clock)
-    model_cfg = nanolap.config_from_options(config, "gpt", vocab_size=vocab_size)
+    model_cfg = common.config_from_options(config, "gpt", vocab_size=vocab_size)
     raw_model = nanolap.build_model(model_cfg).to(run_device)
     optimizers = build_optimizers(raw_model, optimizer_name, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay,
                                   (beta1, beta2))
@@ -294,31 +295,34 @@ if __name__ == "__main__":
     best_val_loss = float("inf")
     time_before = 0.0  # training time of earlier runs
     if ckpt is not None:
-        nanolap.check_resume(ckpt, "gpt", model_cfg)
-        raw_model.load_state_dict(nanolap.clean_state_dict(ckpt["model"]))
+        common.check_resume(ckpt, "gpt", model_cfg)
+        raw_model.load_state_dict(common.clean_state_dict(ckpt["model"]))
         for optimizer, state in zip(optimizers, ckpt["optimizer"]):
             hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
             optimizer.load_state_dict(state)  # moments and step counts from the checkpoint ...
             for group, h in zip(optimizer.param_groups, hyper):
                 group.update(h)  # ... hyperparameters from the options (identical unless overridden now)
-        nanolap.set_rng_state(ckpt["rng"])
+        common.set_rng_state(ckpt["rng"])
         step = ckpt["step"]
         best_val_loss = ckpt["best_val_loss"]
         time_before = ckpt["seconds"]
+    # raw_model: the module (its weights, checkpoints, sampling); model: compiled or not, what trains and evaluates;
+    # ddp_model: model with DDP's gradient averaging around it (several processes), what the training step calls
     model = torch.compile(raw_model) if compile_model else raw_model
+    ddp_model = model
     if world > 1:
         # broadcast_buffers=False: RoPE's cos/sin never change, so no broadcast (a wait) before every forward
-        model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, broadcast_buffers=False)
-    ctx, amp_dtype = nanolap.autocast(run_device, dtype)
-    peak = nanolap.peak_flops(run_device)
-    machine = nanolap.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
+        ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, broadcast_buffers=False)
+    ctx, amp_dtype = common.autocast(run_device, dtype)
+    peak = common.peak_flops(run_device)
+    machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
     flops_per_step = raw_model.flops_per_token(block_size) * total
     peak_lr = matrix_lr if optimizer_name == "muon" else lr
     schedule = (max_iters, warmup_iters, warmdown_frac, final_lr_frac)  # get_lr_multiplier(step, *schedule)
 
     # ---- output: the resolved options first; log.jsonl keeps only the evaluations up to the checkpoint
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    log_path = os.path.join(out_dir, "log.jsonl")
+    ckpt_path = os.path.join(out_dir, common.CHECKPOINT)
+    log_path = os.path.join(out_dir, common.LOG)
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} ({meta['tokenizer']} tokenizer, vocab {meta['vocab_size']}), "
            f"train {len(train_tokens):,} tokens, val {len(val_tokens):,}")
@@ -350,30 +354,30 @@ if __name__ == "__main__":
         # evaluate every eval_interval steps and at the end (a resumed run's first step was evaluated before)
         evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None or last)
         if evaluating:
-            raw_model.eval()
+            model.eval()
             for split, tokens in (("val", val_tokens), ("train", train_tokens)):
                 metrics[f"{split}_loss"], metrics[f"{split}_bpb"] = evaluate(
-                    raw_model, tokens, token_bytes, block_size, eval_iters * batch_size, batch_size, run_device, ctx, rank, world)
-            raw_model.train()
+                    model, tokens, token_bytes, block_size, eval_iters * batch_size, batch_size, run_device, ctx, rank, world)
+            model.train()
             best_val_loss = min(best_val_loss, metrics["val_loss"])
             print0(f"eval step {step}: val loss {metrics['val_loss']:.4f}, val bpb {metrics['val_bpb']:.4f}, "
                    f"train loss {metrics['train_loss']:.4f}")
             if master:
                 record = dict(step=step, **metrics, lr=peak_lr * get_lr_multiplier(step, *schedule), tokens=step * total)
                 record.update(seconds=round(time_before + time.time() - t0, 2), machine=machine)
-                nanolap.append_jsonl(log_path, record)
+                common.append_jsonl(log_path, record)
         if master and step > start_step and (evaluating or stopped):
-            nanolap.save_checkpoint(dict(
-                kind="gpt", model_config=asdict(model_cfg), model=nanolap.clean_state_dict(raw_model.state_dict()),
+            common.save_checkpoint(dict(
+                kind="gpt", model_config=asdict(model_cfg), model=common.clean_state_dict(raw_model.state_dict()),
                 config=config, meta={k: v for k, v in meta.items() if k != "token_bytes"},
-                optimizer=[optimizer.state_dict() for optimizer in optimizers], step=step, rng=nanolap.rng_state(),
+                optimizer=[optimizer.state_dict() for optimizer in optimizers], step=step, rng=common.rng_state(),
                 best_val_loss=best_val_loss, seconds=time_before + time.time() - t0), ckpt_path)
         if last or stopped:
             break
 
         # one optimiser step: learning rates and Muon momentum from the schedules, grad_accum micro-batches
         t_step = time.time()
-        torch.manual_seed(nanolap.step_seed(seed, step, rank))  # this step's dropout masks
+        torch.manual_seed(common.step_seed(seed, step, rank))  # this step's dropout masks
         lr_mult = get_lr_multiplier(step, *schedule)
         for optimizer in optimizers:
             for group in optimizer.param_groups:
@@ -384,14 +388,14 @@ if __name__ == "__main__":
         for micro in range(grad_accum):
             x, y = train_batch(train_tokens, seed, step, micro * world + rank, batch_size, block_size, run_device)
             sync = micro == grad_accum - 1 or world == 1  # DDP all-reduces the gradients once per step
-            with nullcontext() if sync else model.no_sync():
+            with nullcontext() if sync else ddp_model.no_sync():
                 with ctx:
-                    _, loss = model(x, y)  # logits (B, T, vocab), mean cross-entropy
+                    _, loss = ddp_model(x, y)  # logits (B, T, vocab), mean cross-entropy
                 (loss / grad_accum).backward()
             loss_step += loss.detach() / grad_accum
         loss_step = loss_step.item()  # one synchronisation per step, for the non-finite guard
         grad_norm = float(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip or math.inf))
-        nanolap.check_finite(loss_step, step)
+        common.check_finite(loss_step, step)
         if not math.isfinite(grad_norm):  # the norm is global: every process stops at the same step
             raise FloatingPointError(f"non-finite gradient norm at step {step}: stopped before the optimiser "
                                      f"step; the last checkpoint is intact. Try a lower learning rate.")
@@ -408,7 +412,7 @@ if __name__ == "__main__":
         logged_steps += 1
 
         if step % log_interval == 0 or step == max_iters:
-            loss_avg = nanolap.all_reduce_mean(logged_loss / logged_steps, run_device)
+            loss_avg = common.all_reduce_mean(logged_loss / logged_steps, run_device)
             logged_loss = 0.0
             logged_steps = 0
             line = f"step {step}/{max_iters} | loss {loss_avg:.4f} | lr {peak_lr * lr_mult:.2e} | {total / per_step:,.0f} tok/s"
@@ -416,11 +420,11 @@ if __name__ == "__main__":
                 line += f" | mfu {100 * flops_per_step / per_step / (peak * world):.1f}%"
             elapsed = time.time() - t0
             eta = elapsed / (step - start_step) * (max_iters - step)  # wall clock, evaluations included
-            print0(f"{line} | {nanolap.format_time(elapsed)} elapsed, eta {nanolap.format_time(eta)}")
+            print0(f"{line} | {common.format_time(elapsed)} elapsed, eta {common.format_time(eta)}")
 
     # ---- the end: a sample and the RESULT line (or, stopped early, how to continue)
     if world > 1:
-        nanolap.print_param_checksum(raw_model.parameters(), rank, world)
+        common.print_param_checksum(raw_model.parameters(), rank, world)
     if stopped:
         print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
@@ -431,7 +435,7 @@ if __name__ == "__main__":
                 sample(raw_model.eval(), tokenizer, prompt, num_samples, max_new_tokens, temperature, top_k, seed, run_device)
             except UsageError as e:
                 print(f"no sample: {e}")
-        nanolap.write_result(out_dir, n_lap=model_cfg.n_lap, params=raw_model.num_params(), seed=seed,
+        common.write_result(out_dir, n_lap=model_cfg.n_lap, params=raw_model.num_params(), seed=seed,
                              dataset=dataset, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
                              val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine)
-    nanolap.teardown_distributed()
+    common.teardown_distributed()

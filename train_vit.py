@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import common
 import nanolap
-from nanolap import UsageError, print0
+from common import UsageError, print0
 from data import augment, images
 
 # ----------------------------------------------------------------------------- defaults
@@ -88,7 +89,7 @@ grad_clip = 1.0  # clip the global gradient norm, a guard against loss spikes; 0
 device = "auto"  # auto (cuda > mps > cpu; torchrun: one GPU per process) | cpu | cuda | cuda:N | mps
 dtype = "auto"  # auto (bfloat16 autocast on CUDA, float32 elsewhere) | float32 | bfloat16 | float16 (grad scaler)
 compile_model = False  # torch.compile the model: faster on a GPU after a warm-up of a minute or so
-cpu_procs = 2  # CPU without torchrun: data-parallel single-threaded processes, faster than threads here; 1 = this one
+cpu_procs = 2  # CPU without torchrun: data-parallel single-threaded processes; 1 = this one
 cpu_threads = 1  # torch threads per process on a CPU; 0 = torch's default (one per core)
 seed = 0  # initial weights, data order, augmentation and drop-path all follow from it
 
@@ -180,7 +181,7 @@ def make_optimizer(model, name, lr, weight_decay, betas, device):
     assert name in ("adamw", "lamb"), name
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas)
-    # the fused kernel: on a CPU several times faster per step than the per-parameter loop
+    # the fused kernel: one pass over all parameters instead of a loop over them
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=torch.device(device).type in ("cuda", "cpu"))
 
 
@@ -193,7 +194,7 @@ def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_acc
     in_memory = isinstance(data, tuple)
     n = len(data[1]) if in_memory else len(data)
     global_batch = batch_size * grad_accum * world
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(nanolap.step_seed(seed, epoch)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(common.step_seed(seed, epoch)))
     chunks = [perm[s * global_batch + (m * world + rank) * batch_size:][:batch_size]
               for s in range(first_step, steps_per_epoch) for m in range(grad_accum)]
     if in_memory:
@@ -201,7 +202,7 @@ def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_acc
             idx = idx.to(device)
             yield data[0][idx], data[1][idx]
         return
-    worker_seed = torch.Generator().manual_seed(nanolap.step_seed(seed, epoch, first_step, rank))
+    worker_seed = torch.Generator().manual_seed(common.step_seed(seed, epoch, first_step, rank))
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, sampler=torch.cat(chunks).tolist(),
                                          generator=worker_seed, num_workers=num_workers,
                                          pin_memory=str(device).startswith("cuda"))
@@ -236,34 +237,35 @@ def evaluate(model, batches, img_size, mean, std, ctx=nullcontext(), world=1):
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(-1) == y).sum(),
                              torch.tensor(len(y), device=device)]).double()
     model.train()
-    sums = nanolap.all_reduce_mean(sums, device) * world
+    sums = common.all_reduce_mean(sums, device) * world
     return (sums[1] / sums[2]).item(), (sums[0] / sums[2]).item()
 
 # ----------------------------------------------------------------------------- run
 
 if __name__ == "__main__":
-    config, ckpt = nanolap.configure(globals(), schedule=("epochs", "warmup_epochs"))
+    config, ckpt = common.configure(globals(), schedule=("epochs", "warmup_epochs"))
     t_start = time.time()
-    nanolap.check_options(config, at_least={
+    common.check_options(config, at_least={
         1: ("epochs", "batch_size", "grad_accum", "log_interval"),
         0: ("train_subset", "val_subset", "img_size", "crop_padding", "rand_augment", "ckpt_interval", "stop_at_step",
             "num_workers", "cpu_threads")},
         fractions=("random_erasing",),
         choices=dict(optimizer_name=("adamw", "lamb"), dataset=images.DATASETS + ("imagefolder",)))
 
-    ctx, amp_dtype = nanolap.autocast(nanolap.resolve_device(device), dtype)  # checks --device and --dtype
+    ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
     # the model options (n_lap <= n_head, ...) before out_dir and the data; the image size once the data are read
     patch = patch_size if isinstance(patch_size, int) else nanolap.PRESETS.get(preset, {}).get("patch_size", 1)
-    nanolap.config_from_options(config, "vit", img_size=img_size or max(patch, 1))
+    common.config_from_options(config, "vit", img_size=img_size or max(patch, 1))
     if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
-        nanolap.finished_run(config, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs", 2 * epochs)
-    rank, local_rank, world, run_device = nanolap.start_processes(out_dir, resume, cpu_procs, device)
+        common.finished_run(config, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs", 2 * epochs)
+    rank, local_rank, world, run_device = common.start_processes(out_dir, resume, cpu_procs, device)
     master = rank == 0
     device_type = run_device.split(":")[0]
     if device_type == "cpu" and cpu_threads:
         torch.set_num_threads(cpu_threads)
 
     # ---- data: small datasets live on the device as uint8; folders are decoded by DataLoader workers
+    crop_on_device = dataset != "imagefolder"  # an image folder's DataLoader workers crop and flip instead
     if dataset == "imagefolder":
         resolution = img_size or 224  # the model's image side
         train_set, val_set = images.imagefolder_datasets(data_dir, resolution, hflip, rand_augment, rand_magnitude,
@@ -301,7 +303,7 @@ if __name__ == "__main__":
     warmup_steps = round(warmup_epochs * steps_per_epoch)
 
     # ---- model and optimiser
-    model_config = nanolap.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
+    model_config = common.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
                                               num_classes=num_classes)
     torch.manual_seed(seed)  # the same initial weights in every process
     raw_model = nanolap.build_model(model_config).to(run_device)
@@ -312,7 +314,7 @@ if __name__ == "__main__":
     val_acc = float("nan")
     val_loss = float("nan")
     if ckpt is not None:
-        nanolap.check_resume(ckpt, "vit", model_config)
+        common.check_resume(ckpt, "vit", model_config)
         if ckpt["steps_per_epoch"] != steps_per_epoch:
             raise UsageError(f"--resume: the checkpoint has {ckpt['steps_per_epoch']} steps per epoch, this run "
                              f"{steps_per_epoch}; keep the global batch and the dataset the same")
@@ -323,14 +325,16 @@ if __name__ == "__main__":
         best_acc = ckpt["best_val_acc"]
         val_acc = ckpt["val_acc"]
         val_loss = ckpt["val_loss"]
-        nanolap.set_rng_state(ckpt["rng"])
+        common.set_rng_state(ckpt["rng"])
+    # raw_model: the module (its weights, checkpoints); model: compiled or not, what trains and evaluates;
+    # ddp_model: model with DDP's gradient averaging around it (several processes), what the training step calls
     model = torch.compile(raw_model) if compile_model else raw_model
-    train_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else model
+    ddp_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else model
     mixer = augment.make_mixer(mixup, cutmix, num_classes)
     tokens = model_config.img_size ** 2 // model_config.patch_size ** 2 + 1
     flops_per_img = raw_model.flops_per_token(tokens) * tokens
-    peak = nanolap.peak_flops(run_device)
-    machine = nanolap.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
+    peak = common.peak_flops(run_device)
+    machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{resolution}x{resolution}, "
@@ -357,14 +361,15 @@ if __name__ == "__main__":
     while step < max_steps:
         epoch, step_in_epoch = divmod(step, steps_per_epoch)
         if batches is None:
-            batches = train_batches(train_data, epoch, step_in_epoch, steps_per_epoch, batch_size, grad_accum,
-                                    rank, world, seed, run_device, num_workers)
-        lr_now = nanolap.cosine_schedule(step, max_steps, lr, min_lr, warmup_steps, warmup_from=1)
+            batches = train_batches(train_data, epoch, step_in_epoch, steps_per_epoch, batch_size=batch_size,
+                                    grad_accum=grad_accum, rank=rank, world=world, seed=seed, device=run_device,
+                                    num_workers=num_workers)
+        lr_now = common.cosine_schedule(step, max_steps, lr, min_lr, warmup_steps, warmup_from=1)
         for group in optimizer.param_groups:
             group["lr"] = lr_now
         loss_accum = torch.zeros((), device=run_device)
         for micro in range(grad_accum):
-            torch.manual_seed(nanolap.step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
+            torch.manual_seed(common.step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
             # data time: on a CPU the wall time of loading + augmenting; on a GPU the time blocked on the
             # DataLoader plus the GPU time of the gather/augmentation kernels (CUDA events, no extra sync)
             t0 = time.time()
@@ -373,22 +378,23 @@ if __name__ == "__main__":
                 data_events[-1][0].record()
             x, y = next(batches)
             t_wait = time.time() - t0
-            x, y = augment_batch(x, y, resolution, mean, std, mixer, dataset != "imagefolder", crop_padding, hflip,
-                                 rand_augment, rand_magnitude, three_augment, color_jitter, random_erasing)
+            x, y = augment_batch(x, y, resolution, mean, std, mixer, geometric=crop_on_device, crop_padding=crop_padding,
+                                 hflip=hflip, rand_augment=rand_augment, rand_magnitude=rand_magnitude,
+                                 three_augment=three_augment, color_jitter=color_jitter, random_erasing=random_erasing)
             if device_type == "cuda":
                 data_events[-1][1].record()
                 data_time += t_wait
             else:
                 data_time += time.time() - t0
             sync = micro == grad_accum - 1  # DDP averages gradients only on the last micro-step
-            with (train_model.no_sync() if world > 1 and not sync else nullcontext()):
+            with (ddp_model.no_sync() if world > 1 and not sync else nullcontext()):
                 with ctx:
-                    logits = train_model(x)  # (B, num_classes)
+                    logits = ddp_model(x)  # (B, num_classes)
                 loss = compute_loss(logits, y, label_smoothing, bce_loss) / grad_accum
                 scaler.scale(loss).backward()
             loss_accum += loss.detach()
-        loss_value = nanolap.all_reduce_mean(loss_accum, run_device)  # every process sees the same value and stops together
-        nanolap.check_finite(loss_value, step)
+        loss_value = common.all_reduce_mean(loss_accum, run_device)  # every process sees the same value and stops together
+        common.check_finite(loss_value, step)
         if grad_clip:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
@@ -409,7 +415,7 @@ if __name__ == "__main__":
             eta = (max_steps - step) * dt / steps_in_log
             mfu = f" | mfu {flops_per_img * speeds[-1] / (peak * world):.1%}" if peak else ""
             print0(f"epoch {epoch + 1}/{epochs} step {step}/{max_steps} | loss {loss_sum / steps_in_log:.4f} | "
-                   f"lr {lr_now:.2e} | {speeds[-1]:.0f} img/s | data {waits[-1]:.1%}{mfu} | eta {nanolap.format_time(eta)}")
+                   f"lr {lr_now:.2e} | {speeds[-1]:.0f} img/s | data {waits[-1]:.1%}{mfu} | eta {common.format_time(eta)}")
             t_log = time.time()
             data_time = 0.0
             loss_sum = 0.0
@@ -423,30 +429,30 @@ if __name__ == "__main__":
                                          resolution, mean, std, ctx, world)
             best_acc = max(best_acc, val_acc)
             print0(f"eval epoch {step // steps_per_epoch}: val_acc {val_acc:.4f} val_loss {val_loss:.4f} "
-                   f"({time.time() - t0:.1f}s, {nanolap.format_time(time.time() - t_start)} elapsed)")
+                   f"({time.time() - t0:.1f}s, {common.format_time(time.time() - t_start)} elapsed)")
             if master:
-                nanolap.append_jsonl(os.path.join(out_dir, "log.jsonl"), dict(
+                common.append_jsonl(os.path.join(out_dir, common.LOG), dict(
                     step=step, epoch=step // steps_per_epoch, val_acc=val_acc, val_loss=val_loss, lr=lr_now,
                     train_loss=loss_value, seconds=round(time.time() - t_start, 1), machine=machine))
             t_log += time.time() - t0  # evaluation time is not training time
         stopped = step == stop_at_step and step < max_steps
         if master and (epoch_end or (ckpt_interval and step % ckpt_interval == 0) or step == stop_at_step):
-            nanolap.save_checkpoint(dict(
+            common.save_checkpoint(dict(
                 kind="vit", model_config=asdict(model_config), model=raw_model.state_dict(), config=config,
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), step=step, epoch=step // steps_per_epoch,
                 steps_per_epoch=steps_per_epoch, best_val_acc=best_acc, val_acc=val_acc, val_loss=val_loss,
-                rng=nanolap.rng_state(), classes=list(classes), mean=mean.flatten().tolist(), std=std.flatten().tolist()),
-                os.path.join(out_dir, "ckpt.pt"))
+                rng=common.rng_state(), classes=list(classes), mean=mean.flatten().tolist(), std=std.flatten().tolist()),
+                os.path.join(out_dir, common.CHECKPOINT))
         if stopped:
             print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
             break
 
     # ---- end
     if world > 1:
-        nanolap.print_param_checksum(raw_model.parameters(), rank, world)
+        common.print_param_checksum(raw_model.parameters(), rank, world)
     if master and not stopped:
-        nanolap.write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset,
+        common.write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset,
                              steps=step, seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss,
                              epochs=epochs, img_per_s=round(sum(speeds) / max(len(speeds), 1)),
                              data_wait=sum(waits) / max(len(waits), 1), machine=machine)
-    nanolap.teardown_distributed()
+    common.teardown_distributed()

@@ -13,8 +13,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-import nanolap
-from nanolap import UsageError
+import common
+from common import UsageError
 
 FASHION_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
                  "val": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
@@ -280,7 +280,7 @@ def build_scenes(data_dir="data", n_train=10000, n_val=2000, size=64, min_items=
         scenes = make_scenes(*source, n, seed * 2 + offset, size, min_items, max_items, threshold)
         scenes.update(classes=SCENE_CLASSES, size=size, seed=seed)
         path = os.path.join(data_dir, "scenes", f"{split}.pt")
-        with nanolap.atomic_write(path) as f:
+        with common.atomic_write(path) as f:
             torch.save(scenes, f)
         if verbose:
             print(f"wrote {n} scenes of {size}x{size} to {path}")

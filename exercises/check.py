@@ -11,6 +11,7 @@ part of the exercise.
 """
 
 import ast
+import glob
 import importlib.util
 import inspect
 import json
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # the repo root: nanolap, data
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import nanolap  # noqa: E402
+import common  # noqa: E402
 from data import augment, images, text  # noqa: E402
 from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
 
@@ -228,14 +229,16 @@ def plot_curves(curves, n_head, n_embd, path):
 # ---- exercise 5: a per-layer schedule (an experiment: numbers to compare) -------------------------------------
 
 def read_comparison(out, kind):
-    """The runs of `kind` in OUT/analysis/analysis.json, written by `python analyze.py OUT/run1 OUT/run2`."""
-    path = os.path.join(out, "analysis", "analysis.json")
-    if not os.path.isfile(path):
-        print(f"FAIL: no {path}; train the two runs and analyse them first (exercises/README.md)")
+    """The analyses of the `kind` runs in OUT/analysis/<run>/analysis.json, as `python analyze.py OUT/run1 OUT/run2`
+    writes them."""
+    path = os.path.join(out, "analysis")
+    found = sorted(glob.glob(os.path.join(glob.escape(path), "*", "analysis.json")))
+    if not found:
+        print(f"FAIL: no analyses in {path}; train the two runs and analyse them first (exercises/README.md)")
         return None
-    runs = [r for r in json.load(open(path)).get("runs", []) if r["kind"] == kind]
+    runs = [r for r in map(json.load, map(open, found)) if r.get("kind") == kind]
     if len(runs) < 2:
-        print(f"FAIL: {path} compares {len(runs)} {kind} run(s); analyse both runs in one analyze.py command")
+        print(f"FAIL: {path} holds {len(runs)} analysed {kind} run(s); analyse both runs in one analyze.py command")
         return None
     settings = runs[0]["settings"]
     print(f"from {path} ({settings['n_samples']} validation sequences per run, {settings['tokens']})")
@@ -335,7 +338,7 @@ def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_im
     if not check_gates(ex, seed):
         return False
     if heads not in ("gated", "attention", "laplacian"):
-        raise nanolap.UsageError(f"--heads={heads!r}: choose gated, attention or laplacian")
+        raise common.UsageError(f"--heads={heads!r}: choose gated, attention or laplacian")
     torch.manual_seed(seed)
     data = images.load_images(dataset, data_dir)
     n_lap = 4 if heads == "laplacian" else 0  # gated: the gates decide
@@ -368,8 +371,8 @@ def reference_k_alpha(h, alphas=ALPHAS):
 def trained_tokens(run, max_samples, seed):
     """Final-norm patch tokens (N, T, d) of the validation images that `analyze.py RUN --max_samples=N` measures,
     the checker's k_alpha of them, and the value in RUN/analysis/analysis.json."""
-    ckpt = nanolap.load_checkpoint(os.path.join(run, "ckpt.pt"))
-    model = nanolap.load_model(ckpt).eval()
+    ckpt = common.load_checkpoint(os.path.join(run, "ckpt.pt"))
+    model = common.load_model(ckpt).eval()
     x, _, _, mean, std = images.eval_images(ckpt, max_samples, seed)
     mean, std = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
     hs = []
@@ -425,8 +428,8 @@ def check_8(ex, out, sample_chars, seed):
               f"{a['within_class_frac']:7.3f} {a['between_class_frac']:8.3f} {r['nc']['nc1']:7.3g} "
               f"{r['spectrum']['k_0.99']:7.2f}")
     for r in runs:
-        ckpt = nanolap.load_checkpoint(os.path.join(r["run"], "ckpt.pt"))
-        model, tok = nanolap.load_model(ckpt).eval(), text.get_tokenizer(ckpt["meta"])
+        ckpt = common.load_checkpoint(os.path.join(r["run"], "ckpt.pt"))
+        model, tok = common.load_model(ckpt).eval(), text.get_tokenizer(ckpt["meta"])
         idx = torch.tensor([tok.encode("\n")])
         g = torch.Generator().manual_seed(seed)
         sample = tok.decode(model.generate(idx, sample_chars, temperature=0.8, top_k=200, generator=g)[0].tolist())
@@ -450,12 +453,12 @@ def main(argv=None):
         return 0
     solution = "--solution" in rest
     try:
-        options = nanolap.parse_args(OPTIONS[number], [a for a in rest if a != "--solution"])
+        options = common.parse_args(OPTIONS[number], [a for a in rest if a != "--solution"])
         module = load(number, solution) if number in FILES else None
         if module is not None:
             print(f"exercise {number}: checking {os.path.relpath(module.__file__)}")
         ok = CHECKS[number](module, **options)
-    except nanolap.UsageError as e:
+    except common.UsageError as e:
         print(f"error: {e}")
         return 2
     except Exception:  # the student's code raised: show where

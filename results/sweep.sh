@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The reproduction sweep behind RESULTS.md: every paradigm over n_lap (Laplacian heads per layer, of 4) and
 # seeds 0-2, then analyze.py on every run. Two single-threaded runs at a time (accuracy does not depend on
-# machine load); about two hours on 2 cores. Checkpoints stay in out/sweep/; the small artefacts each run
+# machine load); 131 runs of 4 to 36 ViT epochs, many hours on 2 cores. Checkpoints stay in out/sweep/; the small artefacts each run
 # keeps (log.jsonl, result.txt, analysis.json for patch tokens and analysis_all.json with the CLS token) are
 # copied to results/<set>/k<n_lap>-s<seed>/ (set: a job's fourth word, else its kind: vit, gpt, dino). A run
 # collected with its per-head analysis is skipped, so an interrupted sweep continues where it stopped.
 #
 #     bash results/sweep.sh                 # train, analyse, collect
 #     bash results/sweep.sh vit_long        # only the jobs whose line matches this pattern (see jobs below)
-#     python analyze.py --report=results    # the comparison tables and figures from the artefacts, in seconds
+#     python results/report.py              # the comparison tables and figures from the artefacts, in seconds
 #
 # The regime ladder moves the nano ViT towards the paper's (each n_lap 0 and 4, seeds 0-2): vit_deit (CLS pooling and
 # LayerScale 1e-6, 12 epochs), vit_p4 (4x4 patches: 49 patch tokens instead of 16), vit_deep (8 blocks), vit_longer
@@ -21,7 +21,7 @@
 #     ANALYZE_ONLY=1 bash results/sweep.sh  # analyse and collect the runs trained so far, train nothing
 #     OUT=elsewhere bash results/sweep.sh   # checkpoints under elsewhere/<set>/ instead of out/sweep/<set>/
 #
-# Lengths are shorter than the scripts' CPU defaults so that the 47 runs fit in two hours of a 2-core machine:
+# Lengths are shorter than the scripts' CPU defaults (the first sweep's 47 runs took two hours of a 2-core machine):
 # ViT 4 epochs (default 18), GPT 1000 steps (default 2000), DINO 1.5 epochs (default 6); the schedules are
 # compressed, not cut. The long ViT runs (n_lap 0 and 4, three seeds) train three times as long: 12 epochs;
 # vit_cls feeds the head the CLS token instead of the mean of the patch tokens (DeiT-III's choice).

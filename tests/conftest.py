@@ -4,21 +4,22 @@ share (`from conftest import ROOT, ENV, run, result, param_checksums, randomise`
 
 import os
 import random
-import re
 import subprocess
 import sys
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is first imported
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "results"))  # results/report.py, the sweep's report
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import common  # noqa: E402
+
 # the environment of every script a test starts: one thread (tiny models: a second one only waits for a busy
 # core), no CUDA (the tests measure the CPU path), the repo importable from any folder
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-CHECKSUM = re.compile(r"rank (\d+)/\d+ param_checksum=([-+0-9.]+e[-+]\d+)")  # nanolap.print_param_checksum's lines
 
 
 def run(script, *args, check=False, timeout=180):
@@ -35,24 +36,25 @@ def run(script, *args, check=False, timeout=180):
 
 
 def result(text):
-    """The last RESULT line in text as {key: value string}, in its order. Searched anywhere in a line: with
-    PYTHONUNBUFFERED print writes a line and its newline apart, and another process's output can land between."""
-    lines = re.findall(r"RESULT (\S.*)", text)
-    assert lines, f"no RESULT line in:\n{text[-2000:]}"
-    return dict(pair.split("=", 1) for pair in lines[-1].split())
+    """The last RESULT line in text as {key: value string}, in its order (common.parse_result); fails without one."""
+    found = common.parse_result(text)
+    assert found, f"no RESULT line in:\n{text[-2000:]}"
+    return found
 
 
 def param_checksums(text):
-    """{rank: checksum} from nanolap.print_param_checksum's lines (the ranks' output may interleave)."""
-    return dict(CHECKSUM.findall(text))
+    """{rank: checksum} of common.print_param_checksum's lines."""
+    return common.read_param_checksums(text)
 
 
-def randomise(model, std=0.2, seed=0):
-    """A model whose every weight has a value: GPTs start with zero output projections (every block a no-op)."""
+def randomise(model, std=0.2, seed=0, gain=0.0):
+    """A model whose every weight has a value, N(0, std^2): GPTs start with zero output projections (every block a
+    no-op). gain: the mean of the norms' weights (1 keeps the tokens' scale through them)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
+        for name, p in model.named_parameters():
+            mean = gain if "norm" in name and name.endswith(".weight") else 0.0
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std + mean)
     return model
 
 
@@ -67,3 +69,19 @@ def data_dir(tmp_path_factory):
     run("data/shakespeare_char/prepare.py", f"--input_file={root / 'in.txt'}", f"--out_dir={root / 'tiny'}",
         check=True)
     return str(root)
+
+
+@pytest.fixture
+def figure_texts(monkeypatch):
+    """{PNG name: the panel titles and legend entries of that figure}, recorded as analyze.py saves it."""
+    from matplotlib.figure import Figure
+    texts, savefig = {}, Figure.savefig
+
+    def spy(fig, path, *args, **kwargs):
+        texts[os.path.basename(path)] = dict(titles=[ax.get_title() for ax in fig.axes], legend=[
+            t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()],
+            suptitle=fig._suptitle.get_text() if fig._suptitle else "",
+            labels=[(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes if ax.axison and not hasattr(ax, "_colorbar")])
+        return savefig(fig, path, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return texts

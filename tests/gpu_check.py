@@ -46,7 +46,10 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from nanolap import build_model, configure, make_config, peak_flops, write_result  # noqa: E402
+import common  # noqa: E402
+from common import configure, peak_flops, write_result  # noqa: E402
+from conftest import randomise  # noqa: E402
+from nanolap import build_model, make_config  # noqa: E402
 
 only = "all"  # comma-separated parts: equal,cost,scripts,default,torchrun,tests (all = every part)
 rounds = 7  # cost: interleaved rounds; the median ratio is reported
@@ -88,8 +91,7 @@ def run_command(cmd, timeout, env=None):
 
 def result_of(lines):
     """The key=value pairs of the last RESULT line ({} without one)."""
-    found = [text for _, text in lines if text.startswith("RESULT ")]
-    return dict(word.split("=", 1) for word in found[-1].split()[1:]) if found else {}
+    return common.parse_result("\n".join(text for _, text in lines))
 
 
 def logged_losses(lines):
@@ -103,15 +105,6 @@ def tail(lines, n=3):
 
 
 # ---- equal: the fused path against the explicit one --------------------------
-def randomise(model, std=0.02):
-    """Add noise to every weight: the GPT's zero-initialised projections would make every block a no-op."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(std * torch.randn_like(p))
-    return model
-
-
 def model_input(cfg, batch, T=None, device="cpu"):
     """Images (B, C, H, W) for a ViT, token ids (B, T) for a GPT."""
     g = torch.Generator().manual_seed(2)
@@ -125,7 +118,7 @@ def fused_vs_explicit(cfg, x, device="cpu", amp_dtype=torch.float32, backend=Non
     backend: an SDPBackend that the fused path must run on (None = PyTorch's choice)."""
     from torch.nn.attention import sdpa_kernel
     torch.manual_seed(0)
-    model = randomise(build_model(cfg)).to(device).eval()
+    model = randomise(build_model(cfg), std=0.02, seed=1, gain=1.0).to(device).eval()
     x = x.to(device)
     kind = str(device).split(":")[0]
     out = {}
@@ -420,7 +413,7 @@ def torchrun_commands(nprocs, out="out-gpu-check"):
 
 def checksums(lines):
     """{rank: checksum} of print_param_checksum's lines (several processes only)."""
-    return dict(m.groups() for _, text in lines for m in [re.search(r"rank (\d+)/\d+ param_checksum=(\S+)", text)] if m)
+    return common.read_param_checksums("\n".join(text for _, text in lines))
 
 
 def torchrun_row(name, nprocs, code, lines):

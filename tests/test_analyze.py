@@ -21,8 +21,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import analyze  # noqa: E402
+import report  # noqa: E402
+from common import UsageError, save_checkpoint  # noqa: E402
+from conftest import randomise, result  # noqa: E402
 from data import images, text  # noqa: E402
-from nanolap import UsageError, make_config, build_model, save_checkpoint  # noqa: E402
+from nanolap import build_model, make_config  # noqa: E402
 
 FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
 SCRIPT = os.path.join(ROOT, "analyze.py")
@@ -320,7 +323,7 @@ def test_uniform_attention_heads_leave_within_sequence_variance_unchanged():
     """P = 11^T / T: an attention head adds the same vector to every token of a sequence (rho = exact = 0), while a
     Laplacian head subtracts each sequence's mean value and does change it."""
     model = build_model(make_config("vit-tiny", n_lap=[0, 2, 4, 1], graph="uniform", layerscale=0.5)).eval()
-    randomise(model)
+    randomise(model, gain=1.0)
     img = torch.randn(6, 1, 28, 28, generator=torch.Generator().manual_seed(1))
     stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
     analyze.update_heads(model, model.embed(img), None, stats, analyze.all_tokens)
@@ -329,22 +332,13 @@ def test_uniform_attention_heads_leave_within_sequence_variance_unchanged():
             assert (abs(rho) < 1e-9 and abs(exact) < 1e-9) if not lap else abs(rho) > 1e-6
 
 
-def randomise(model, std=0.2):
-    """Random values for every parameter (the zero-initialised projections would make every head a no-op)."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            gain = 1.0 if p.ndim == 1 and name.endswith("norm.weight") or "norm1.weight" in name else 0.0
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std + gain)
-
-
 @pytest.mark.parametrize("preset", ["vit-tiny", "gpt-tiny"])
 def test_heads_add_up_to_the_attention_sublayer_and_the_block(preset):
     """sum_h U_h + bias is the attention sublayer's output, x + A + M the block's; the first-order terms of the heads add
     up to the sublayer's, and attention + MLP to the block's exact change."""
     extra = dict(layerscale=0.3) if preset.startswith("vit") else {}
     model = build_model(make_config(preset, n_lap=[0, 1, 3, 4], **extra)).double().eval()  # float64: exact sums
-    randomise(model)
+    randomise(model, gain=1.0)
     inp = torch.randn(4, 1, 28, 28, dtype=torch.float64) if preset.startswith("vit") else torch.randint(0, 65, (4, 24))
     x, rope = (model.embed(inp), None) if preset.startswith("vit") else model.embed(inp)
     stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
@@ -380,7 +374,7 @@ def test_between_sequence_change_against_a_direct_computation():
 
 def test_anova_views_split_the_final_norm_tokens_into_the_classifier_subspaces():
     model = build_model(make_config("vit-tiny", n_lap=2)).eval()
-    randomise(model)
+    randomise(model, gain=1.0)
     x, y = torch.randn(30, 17, 96, generator=torch.Generator().manual_seed(4)), torch.arange(30) % 10
     views = analyze.AnovaViews(model, 10)
     views.update(x[:12], y[:12])
@@ -396,34 +390,8 @@ def test_anova_views_split_the_final_norm_tokens_into_the_classifier_subspaces()
     assert r["norm_without_affine"]["within_seq_frac"] == pytest.approx(plain["within_seq_frac"], rel=1e-9)
 
 
-def test_effect_calls_nothing_separated_with_one_run_per_side():
-    assert analyze.effect([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])[2] is True
-    assert analyze.effect([0.1, 0.5, 0.3], [0.4, 0.2, 0.6])[2] is False
-    assert analyze.effect([0.1], [0.9]) == (pytest.approx(0.8), None, None)  # dino_scenes: one seed each
-
-
-def test_spearman_trend():
-    r, p = analyze.spearman_trend([0, 0, 0, 4, 4, 4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
-    assert r == pytest.approx(math.sqrt(27 / 35))  # ranks 1..6 against two tied groups: r = 0.878
-    assert p == pytest.approx(2 / math.comb(6, 3), abs=0.02)  # the two extreme splits of 20
-    r, p = analyze.spearman_trend([0, 1, 2, 3, 4], [5, 4, 3, 2, 1])
-    assert r == pytest.approx(-1.0) and p < 0.03  # 2 of 120 orderings are as extreme
-    assert analyze.spearman_trend([0, 1, 2, 3], [1, 3, 2, 4])[0] == pytest.approx(0.8)
-
-
 # -----------------------------------------------------------------------------
 # the script: its imports and options
-
-
-def test_imports_no_training_script():
-    """analyze.py reads checkpoints and data through nanolap and data/ only, never through a training script."""
-    tree = ast.parse(open(SCRIPT).read())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    local = {os.path.splitext(f)[0] for f in os.listdir(ROOT) if f.endswith(".py")} | {"data"}
-    assert imported & local == {"nanolap", "data"}
-    assert not any(name.startswith("train_") for name in imported)
 
 
 def test_help_lists_the_options_only(capsys):
@@ -432,7 +400,7 @@ def test_help_lists_the_options_only(capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     options = [line.split("=")[0].strip() for line in text.splitlines() if line.startswith("  --")]
-    assert options == ["--" + k for k in ("out", "report", "max_samples", "batch_size", "layer", "tokens", "seq_len", "n_targets",
+    assert options == ["--" + k for k in ("out", "max_samples", "batch_size", "layer", "tokens", "seq_len", "n_targets",
                                           "etf_classes", "pca_images", "map_images", "device", "seed")]
     assert "Neural Collapse" in text and "# output folder" in text  # the docstring and the option comments
 
@@ -508,36 +476,15 @@ def check_outputs(out, figures):
 
 
 def report_metrics(tmp_path, res, result):
-    """The metrics --report reads of a real analysis.json res and a RESULT line's values."""
+    """The metrics the report reads of a real analysis.json res and a RESULT line's values."""
     d = tmp_path / "results" / res["kind"] / "k0-s0"
     d.mkdir(parents=True)
     (d / "analysis.json").write_text(json.dumps(res))
     (d / "result.txt").write_text(f"RESULT {result} n_lap=0\n")
-    return analyze.collect_runs(str(tmp_path / "results"))[res["kind"]][0]["metrics"]
-
-
-def result_line(out):
-    line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
-    return dict(kv.split("=", 1) for kv in line.split()[1:])
+    return report.collect_runs(str(tmp_path / "results"))[res["kind"]][0]["metrics"]
 
 
 VIT_FIGURES = ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca.png", "etf.png"]
-
-
-@pytest.fixture
-def figure_texts(monkeypatch):
-    """{PNG name: the panel titles and legend entries of that figure}, recorded as analyze.py saves it."""
-    from matplotlib.figure import Figure
-    texts, savefig = {}, Figure.savefig
-
-    def spy(fig, path, *args, **kwargs):
-        texts[os.path.basename(path)] = dict(titles=[ax.get_title() for ax in fig.axes], legend=[
-            t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()],
-            suptitle=fig._suptitle.get_text() if fig._suptitle else "",
-            labels=[(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes if ax.axison and not hasattr(ax, "_colorbar")])
-        return savefig(fig, path, *args, **kwargs)
-    monkeypatch.setattr(Figure, "savefig", spy)
-    return texts
 
 
 def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
@@ -563,7 +510,7 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     assert len(res["spectrum"]["lambda_mean"]) == 16  # min(T = 16 patches, d = 32)
     assert all(1 <= res["spectrum"][f"k_{a}"] <= 15 for a in analyze.ALPHAS)  # centred rank <= T - 1
     out = capsys.readouterr().out
-    r = result_line(out)
+    r = result(out)
     assert r["kind"] == "vit" and r["n_lap"] == "2" and "30 sequences" in out
     assert r["within_seq_frac"] == f"{res['anova']['within_seq_frac']:.4f}" and r["nc1"] == f"{res['nc']['pooled']['nc1']:.4g}"
     assert r["k_0.99"] == f"{res['spectrum']['k_0.99']:.2f}" and r["out"] == os.path.join(run, "analysis")
@@ -577,7 +524,7 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     for name in VIT_FIGURES:  # every figure says what to look for, and every plot labels both axes
         assert "look for: " in figure_texts[name]["suptitle"], (name, figure_texts[name]["suptitle"])
         assert all(x and y for x, y in figure_texts[name]["labels"]), (name, figure_texts[name]["labels"])
-    m = report_metrics(tmp_path, res, "val_acc=0.9 val_loss=0.3")  # what --report reads of this analysis.json
+    m = report_metrics(tmp_path, res, "val_acc=0.9 val_loss=0.3")  # what the report reads of this analysis.json
     assert m == {"val_acc": 0.9, "val_loss": 0.3, "within_seq (patch)": res["anova"]["within_seq_frac"],
                  "between_class (patch)": res["anova"]["between_class_frac"], "within_seq (all)": None,
                  "between_class (all)": None, "within_seq after last block": lw["within_seq_frac"][1],
@@ -607,16 +554,9 @@ def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, fig
     res = check_outputs(tmp_path / "all", VIT_FIGURES)
     assert res["nc"]["seq_means"]["features"] == "seq_means = mean of the patch tokens and the CLS token, final norm"
     assert len(figure_texts["etf.png"]["titles"]) == 3 and res["nc"]["pooled"]["nc1"] != res["nc"]["seq_means"]["nc1"]
-    m = analyze.run_metrics(res, {})  # a comparison's metrics: these tokens count as all tokens; no result.txt
+    m = report.run_metrics(res, {})  # a comparison's metrics: these tokens count as all tokens; no result.txt
     assert m["within_seq (all)"] == res["anova"]["within_seq_frac"] and m["within_seq (patch)"] is None
     assert m["val_acc"] == 0.5 and m["val_loss"] is None  # the headline metric from log.jsonl
-
-
-def test_seeds_note():
-    """What the error bars of a comparison stand for, from the number of runs behind each point."""
-    assert analyze.seeds_note([1, 1, 1]) == "1 seed per point, no spread"
-    assert analyze.seeds_note([3, 3]) == "mean +- std over 3 seeds per point"
-    assert analyze.seeds_note([2, 1, 3]) == "mean +- std over 1-3 seeds per point"
 
 
 @pytest.mark.slow
@@ -627,7 +567,7 @@ def test_vit_with_cls_token_and_an_earlier_layer(tmp_path, fashion_dir, capsys):
     assert res2["settings"]["tokens"] == "patch tokens and the CLS token"
     assert res2["anova"] == res2["layerwise"]["anova"][0]  # --layer=1: after block 1
     assert len(res2["spectrum"]["lambda_mean"]) == 17
-    assert result_line(capsys.readouterr().out)["within_seq_frac"] == f"{res2['layerwise']['within_seq_frac'][0]:.4f}"
+    assert result(capsys.readouterr().out)["within_seq_frac"] == f"{res2['layerwise']['within_seq_frac'][0]:.4f}"
 
 
 def test_eval_images_follow_the_training_scripts(fashion_dir):
@@ -676,10 +616,10 @@ def test_end_to_end_gpt(tmp_path, capsys):
     assert res["nc"]["nc1"] > 0 and len(res["spectrum"]["lambda_mean"]) == 32
     assert res["n_lap_label"] == "2 [0, 4]" and res["final_metric"]["name"] == "val_loss"
     assert len(res["layerwise"]["within_seq_frac"]) == 3 and "anova" not in res["layerwise"]
-    m = report_metrics(tmp_path, res, "val_loss=1.5 val_bpb=2.2")  # what --report reads of this analysis.json
+    m = report_metrics(tmp_path, res, "val_loss=1.5 val_bpb=2.2")  # what the report reads of this analysis.json
     assert m["val_bpb"] == 2.2 and m["within_class (next-token)"] == a["within_class_frac"] and m["nc1"] == res["nc"]["nc1"]
     assert m["within_seq after last block"] == res["layerwise"]["within_seq_frac"][1] and "within_seq (patch)" not in m
-    r = result_line(capsys.readouterr().out)
+    r = result(capsys.readouterr().out)
     assert r["kind"] == "gpt" and r["n_lap"] == "[0,4]" and r["nc1"] == f"{res['nc']['nc1']:.4g}"
     # the windows: evenly spread, non-overlapping, inputs followed by their next-token targets
     x, t = text.load_windows(data_dir, "tiny", 16, 5)
@@ -703,7 +643,7 @@ def test_end_to_end_dino(tmp_path, fashion_dir, capsys):
     assert "nc" not in res and sum(res["anova"][k] for k in FRACS) == pytest.approx(1.0)
     assert res["final_metric"]["name"] == "knn_acc" and res["n_lap"] == 4
     assert res["settings"]["normalisation"]["mean"] == pytest.approx([np.mean(train_pixels(fashion_dir)) / 255])
-    r = result_line(capsys.readouterr().out)
+    r = result(capsys.readouterr().out)
     assert r["kind"] == "dino" and "nc1" not in r and list(r) == ["kind", "n_lap", "within_seq_frac", "k_0.9", "k_0.99",
                                                                  "out"]
 
@@ -736,177 +676,7 @@ def test_end_to_end_image_folders(tmp_path, capsys):
     run_analyze(dino, "--max_samples=100")
     res = check_outputs(os.path.join(dino, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca_maps.png"])
     assert res["settings"]["n_samples"] == 9  # train_dino.py's eval_val images, all of them
-    assert result_line(capsys.readouterr().out)["kind"] == "dino"
-
-
-@pytest.mark.slow
-def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
-    runs = [make_run(tmp_path / f"vit-k{k}-s{s}", "vit", n_lap=k, seed=s, metric=0.6 + 0.1 * k + 0.01 * s,
-                     dataset="fashion_mnist", data_dir=fashion_dir) for k, s in ((0, 0), (0, 1), (4, 0))]
-    runs.append(make_run(tmp_path / "vit-list", "vit", n_lap=[1, 3], dataset="fashion_mnist", data_dir=fashion_dir))
-    out = tmp_path / "cmp"
-    run_analyze(*runs, "--max_samples=20", "--batch_size=20", f"--out={out}")
-    figs = [f"compare_vit_{n}.png" for n in ("metric", "anova", "kalpha", "spectra", "collapse", "heads")]
-    for f in figs:
-        assert os.path.getsize(out / f) > 1000
-    for r in runs:  # one folder of per-run analyses each
-        assert os.path.isfile(out / os.path.basename(r) / "analysis.json")
-    res = json.loads((out / "analysis.json").read_text())
-    c = res["comparisons"][0]
-    assert c["kind"] == "vit" and c["figures"] == figs and len(res["runs"]) == 4
-    groups = {g["n_lap"]: g for g in c["groups"]}
-    assert list(groups) == ["0", "2 [1, 3]", "4"]  # ordered by the mean number of Laplacian heads
-    assert groups["0"]["val_acc"]["mean"] == pytest.approx(0.605) and groups["0"]["val_acc"]["n"] == 2
-    assert groups["0"]["val_acc"]["std"] == pytest.approx(np.std([0.6, 0.61], ddof=1))
-    assert groups["0"]["seeds"] == [0, 1] and c["differing_settings"] == []
-    assert groups["4"]["val_acc"] == {"mean": pytest.approx(1.0), "std": 0.0, "n": 1}
-    for g in groups.values():
-        assert sum(g[k]["mean"] for k in FRACS) == pytest.approx(1.0)
-    assert result_line(capsys.readouterr().out) == {"runs": "4", "comparisons": "vit", "out": str(out)}
-    md = (out / "summary.md").read_text()  # the table of --report: end metrics (here log.jsonl's), effect of n_lap
-    assert "## vit (vit, ANOVA at the final norm)" in md and "| 0 | 2 | 0.605 ± 0.0071 |" in md
-    assert "| val_acc | +0.395 | n/a | + | n/a (one run) |" in md and "Figures: " + ", ".join(figs) in md
-    assert c["spread"] == "mean +- std over 1-2 seeds per point" and c["groups"][0]["values"]["val_acc"] == [0.6, 0.61]
-    for f in ("compare_vit_metric.png", "compare_vit_kalpha.png"):
-        assert figure_texts[f]["titles"][0].endswith("\n(mean $\\pm$ std over 1-2 seeds per point)"), figure_texts[f]
-    one_seed = [make_run(tmp_path / f"one-k{k}", "vit", n_lap=k, dataset="fashion_mnist", data_dir=fashion_dir)
-                for k in (0, 4)]
-    run_analyze(*one_seed, "--max_samples=20", f"--out={tmp_path / 'cmp1'}")
-    assert figure_texts["compare_vit_metric.png"]["titles"][0] == "vit: val_acc vs n_lap\n(1 seed per point, no spread)"
-    # settings that differ besides n_lap and seed are reported; paths, seeds and keys not all runs record are not
-    configs = [dict(lr=1e-3, seed=0, out_dir="a", epochs=5), dict(lr=2e-3, seed=1, out_dir="b", epochs=5, extra=1)]
-    assert analyze.differing_settings(configs) == ["lr"]
-
-
-def fake_run(root, kind, n_lap, seed, result, frac, epochs=6, rho=None, set_name=None):
-    """A run folder of results/sweep.sh (epochs=18: of vit_long): result.txt, log.jsonl and an analysis.json with the
-    fields analyze.py writes (a 2-block model), its final-norm within_seq_frac (GPT: within_class_frac) = frac;
-    analysis_all.json with frac / 2 (ViT, DINO). rho: per block, every head's rho (else no per-head numbers, as
-    in a run analysed before the per-head pass). set_name: the run's set, if not kind (or vit_long)."""
-    d = root / (set_name or ("vit_long" if epochs == 18 else kind)) / f"k{n_lap}-s{seed}"
-    d.mkdir(parents=True)
-    def analysis(frac):
-        anova = ({"within_class_frac": frac, "between_class_frac": 1 - frac} if kind == "gpt" else
-                 {"within_seq_frac": frac, "within_class_frac": (1 - frac) / 4, "between_class_frac": 3 * (1 - frac) / 4})
-        nc = {"vit": {"pooled": {"nc1": 1.0 + n_lap + seed}}, "gpt": {"nc1": 2.0}, "dino": {}}[kind]
-        return dict(run=str(d), kind=kind, n_lap=n_lap, n_lap_mean=float(n_lap), n_lap_label=str(n_lap), n_head=4, seed=seed,
-                    step=10, final_metric={"name": analyze.FINAL_METRIC[kind][0], "value": 0.5, "step": 10},
-                    train_config=dict(seed=seed, n_lap=n_lap, epochs=epochs, out_dir=str(d)), settings={"layer": -1},
-                    anova=anova, nc=nc, spectrum={"lambda_mean": [4.0, 2.0, 1.0, 0.0], "k_0.9": 2.0, "k_0.99": 3.0 + seed},
-                    layerwise={"layer": ["1", "2", "norm"], "within_seq_frac": [0.9, 0.8 - n_lap / 10, frac],
-                               "cosine": [0.1, 0.2, 0.3]},
-                    **({} if rho is None else {"heads": {"graph": "attention", "layers": [
-                        {"block": l + 1, "rho": [r] * 4, "laplacian": [h >= 4 - n_lap for h in range(4)]}
-                        for l, r in enumerate(rho)]}}))
-    (d / "analysis.json").write_text(json.dumps(analysis(frac)))
-    if kind != "gpt":
-        (d / "analysis_all.json").write_text(json.dumps(analysis(frac / 2)))
-    (d / "log.jsonl").write_text(json.dumps({"step": 10, **result}) + "\n")
-    (d / "result.txt").write_text("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()) + f" n_lap={n_lap}\n")
-
-
-@pytest.mark.slow  # ten seconds: every figure of four sets
-def test_report_from_saved_artefacts(tmp_path):
-    """--report as a user runs it: summary.md's mean +- std and effect table (one metric separated, one overlapping),
-    the figures; a folder without runs is a one-line error."""
-    root = tmp_path / "results"
-    vit = {0: ([0.80, 0.82], [0.50, 0.40], [0.30, 0.34]), 4: ([0.85, 0.86], [0.45, 0.42], [0.20, 0.22])}
-    for k, (acc, loss, frac) in vit.items():  # val_acc separated (+), val_loss overlapping (-)
-        for s in (0, 1):
-            fake_run(root, "vit", k, s, dict(val_acc=acc[s], val_loss=loss[s]), frac[s])
-            fake_run(root, "vit", k, s, dict(val_acc=acc[s] + 0.05, val_loss=loss[s]), frac[s], epochs=18)
-    for s, rho in ((0, [-0.1, -0.3]), (1, [-0.2, -0.5])):  # a set whose n_lap 4 runs alone have per-head numbers
-        fake_run(root, "vit", 0, s, dict(val_acc=0.8, val_loss=0.5), 0.3, set_name="vit_deep")
-        fake_run(root, "vit", 4, s, dict(val_acc=0.8, val_loss=0.5), 0.2, rho=rho, set_name="vit_deep")
-    for k, bpb in ((0, 2.2), (2, 2.1)):
-        fake_run(root, "gpt", k, 0, dict(val_loss=bpb / 1.4, val_bpb=bpb), 0.6)
-        fake_run(root, "dino", k, 0, dict(knn_acc=0.7, linear_acc=0.75, seg_miou=0.1), 0.5)
-    (root / "figures").mkdir()  # folders without runs are passed over
-    p = subprocess.run([sys.executable, SCRIPT, f"--report={root}"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert result_line(p.stdout) == {"sets": "dino,gpt,vit,vit_deep,vit_long", "runs": "16", "out": str(root)}
-    figures = [f"figures/{s}/{f}.png" for s in ("dino", "gpt", "vit", "vit_deep", "vit_long")
-               for f in ("metric", "anova", "kalpha", "spectra", "collapse")]
-    figures += ["figures/vit_deep/heads.png", "figures/headline.png"]
-    for f in figures + ["summary.md"]:
-        assert f"wrote {root / f}" in p.stdout.splitlines() and os.path.getsize(root / f) > 500, f
-    md = (root / "summary.md").read_text()
-
-    def ms(v):
-        return f"{np.mean(v):.4g} ± {np.std(v, ddof=1):.2g}"
-
-    vit_md = md.split("## vit (")[1].split("## ")[0]
-    assert (f"| 0 | 2 | {ms(vit[0][0])} | {ms(vit[0][1])} | {ms(vit[0][2])} | " in vit_md and
-            f"| 4 | 2 | {ms(vit[4][0])} | {ms(vit[4][1])} | {ms(vit[4][2])} | " in vit_md)
-    se = [math.sqrt(np.var(vit[0][i], ddof=1) / 2 + np.var(vit[4][i], ddof=1) / 2) for i in (0, 1)]
-    assert f"| val_acc | +0.045 | {se[0]:.2g} | + | yes |" in vit_md
-    assert f"| val_loss | -0.015 | {se[1]:.2g} | − | no |" in vit_md  # 0.45, 0.42 lie inside 0.40-0.50
-    assert "| within_seq after last block | -0.4 | 0 | − | yes |" in vit_md
-    assert "2 + 2 seeds an exact permutation test's smallest two-sided p is 2 / C(4, 2) = 0.33" in vit_md
-    assert "Figures: " + ", ".join(f for f in figures if f.startswith("figures/vit/")) in vit_md
-    gpt_md = md.split("## gpt (")[1].split("## ")[0]
-    assert "| 0 | 1 | 2.2 | " in gpt_md and "within_class (next-token)" in gpt_md and "(patch)" not in gpt_md
-    assert "| val_bpb | -0.1 | n/a | − | n/a (one run) |" in gpt_md  # one seed each: no standard error, no separation
-    assert "nc1" not in md.split("## dino (")[1].split("## ")[0]  # no NC for DINO
-    deep_md = md.split("## vit_deep (")[1].split("## ")[0]  # the per-head table of the runs that have the numbers
-    assert "| 4 | laplacian | -0.1500 ± 0.0707 | -0.4000 ± 0.1414 |" in deep_md and "| 0 | attention |" not in deep_md
-    assert "Per-head analysis" not in vit_md
-    # no runs, no folder, run directories besides --report: one-line errors
-    (tmp_path / "empty").mkdir()
-    p = subprocess.run([sys.executable, SCRIPT, "--report=empty"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 1 and p.stderr.startswith("error: --report=empty: no run folders") and "Traceback" not in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1
-    with pytest.raises(UsageError, match="no such folder"):
-        run_analyze(f"--report={tmp_path / 'typo'}")
-    with pytest.raises(UsageError, match="no run directories"):
-        run_analyze(f"--report={root}", str(root / "vit" / "k0-s0"))
-
-
-@pytest.mark.slow  # half a minute: every figure of the committed sets
-def test_committed_summary_is_the_report_of_the_committed_artefacts(tmp_path):
-    """results/summary.md, where RESULTS.md's tables come from, is exactly what --report makes of the committed run
-    folders: an artefact added or changed without regenerating the report fails here."""
-    p = subprocess.run([sys.executable, SCRIPT, "--report=results", f"--out={tmp_path}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
-    with open(os.path.join(ROOT, "results", "summary.md")) as f:
-        committed = f.read()
-    assert (tmp_path / "summary.md").read_text() == committed
-
-
-def test_headline_figure(tmp_path, figure_texts):
-    """A column per paradigm present (vit, gpt, dino order), the headline metric on top and the within-sequence share
-    (GPT: within-class share of next-token classes) below; a ViT set of the same recipe at another length is a series
-    labelled with its epochs; sets of other recipes (CLS pooling, DINO on the scenes) stay out."""
-    def group(k, n, values):
-        return dict(n_lap=str(k), n_lap_mean=float(k), runs=["run"] * n, values=values)
-
-    def vit(epochs, ks, pooling="mean"):
-        return dict(kind="vit", label=f"{epochs} epochs", config=dict(
-            dataset="fashion_mnist", epochs=epochs, pooling=pooling, seed=0), groups=[
-            group(k, 3, {"val_acc": [0.8 + k / 100] * 3, "within_seq (patch)": [0.3 - k / 50] * 3}) for k in ks])
-
-    gpt = dict(kind="gpt", label="gpt", config=dict(dataset="shakespeare_char"), groups=[
-        group(k, 1, {"val_bpb": [2.2 - k / 20], "within_class (next-token)": [0.7]}) for k in (0, 2)])
-
-    def dino(dataset):
-        return dict(kind="dino", label=dataset, config=dict(dataset=dataset), groups=[
-            group(k, 1, {"knn_acc": [0.7], "within_seq (patch)": [0.9]}) for k in (0, 4)])
-
-    analyze.fig_headline({"dino": dino("fashion_mnist"), "dino_scenes": dino("scenes"), "gpt": gpt,
-                          "vit": vit(6, (0, 2, 4)), "vit_amd": vit(6, (0, 4)), "vit_cls": vit(6, (0, 4), "cls"),
-                          "vit_long": vit(18, (0, 4))},
-                         str(tmp_path / "headline.png"))
-    t = figure_texts["headline.png"]
-    three, one = "(mean $\\pm$ std over 3 seeds per point)", "(1 seed per point, no spread)"
-    assert t["titles"] == [f"vit: val_acc (higher is better)\n{three}", f"gpt: val_bpb (lower is better)\n{one}",
-                           f"dino: knn_acc (higher is better)\n{one}",
-                           f"vit: within-sequence share of patch tokens\n{three}",
-                           f"gpt: within-class share of next-token classes\n{one}",
-                           f"dino: within-sequence share of patch tokens\n{one}"]
-    assert t["legend"] == ["6 epochs", "18 epochs"] * 2  # one series per length, in both panels; GPT, DINO: none
+    assert result(capsys.readouterr().out)["kind"] == "dino"
 
 
 def test_bad_input(tmp_path, fashion_dir):
@@ -975,6 +745,6 @@ def test_end_to_end_subprocess(tmp_path, fashion_dir):
     p = subprocess.run([sys.executable, SCRIPT, run, str(tmp_path / "small.py"), "--device=cpu"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert result_line(p.stdout)["out"] == os.path.join(run, "analysis")
+    assert result(p.stdout)["out"] == os.path.join(run, "analysis")
     res = json.loads(open(os.path.join(run, "analysis", "analysis.json")).read())
     assert res["settings"]["n_samples"] == 12 and "max_samples=12" in p.stdout and "batch_size=5" in p.stdout

@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import busy_bench  # noqa: E402
-from nanolap import UsageError  # noqa: E402
+from common import UsageError  # noqa: E402
 
 # the progress lines as the three scripts print them (train_vit.py, train_gpt.py, train_dino.py)
 VIT = ("epoch 1/18 step {}/4212 | loss 2.1000 | lr 1.00e-04 | {} img/s | data 0.5% | eta 9m10s")

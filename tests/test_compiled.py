@@ -23,11 +23,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+import common
 import conftest
 import gpu_check
-import nanolap
-from conftest import ROOT
-from nanolap import build_model, load_checkpoint, make_config
+from common import load_checkpoint
+from conftest import ROOT, randomise
+from nanolap import build_model, make_config
 
 pytestmark = pytest.mark.slow
 ENV = dict(conftest.ENV, TORCHINDUCTOR_COMPILE_THREADS="1")  # inductor compiles in this process: no worker pool
@@ -163,7 +164,7 @@ def test_compiled_model_equals_eager_in_logits_and_gradients(name):
     compiled model whose Laplacian heads output P V instead of V - P V differs by up to 8e-2."""
     cfg = LAYOUTS[name]
     torch.manual_seed(0)
-    model = gpu_check.randomise(build_model(cfg)).eval()
+    model = randomise(build_model(cfg), std=0.02, seed=1, gain=1.0).eval()
     compiled = torch.compile(model, fullgraph=True)  # raises on any graph break
     x = gpu_check.model_input(cfg, 2, T=32)
     results = []
@@ -236,12 +237,12 @@ def test_vit_flops_per_token_is_the_counted_flops_plus_its_non_matmul_parameters
     ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA GeForce GTX 1080 Ti", None), ("Radeon RX 7900 XTX", None),
 ])
 def test_peak_flops_by_gpu_name(name, peak):
-    got = nanolap.peak_flops("cuda", name=name)
+    got = common.peak_flops("cuda", name=name)
     assert got == (pytest.approx(peak, rel=0.01) if peak else None)
 
 
 def test_peak_flops_of_a_cpu_is_none():
-    assert nanolap.peak_flops("cpu") is None
+    assert common.peak_flops("cpu") is None
 
 
 # ---- the rest of gpu_check.py on the CPU -------------------------------------
@@ -335,5 +336,5 @@ def test_gpu_checks_main_prints_the_table_and_result_and_survives_a_broken_part(
     assert gpu_check.main(("equal", "cost", "tests"), str(tmp_path)) == 1
     out = capsys.readouterr().out
     assert "OutOfMemoryError: CUDA out of memory" in out and "FAIL" in out and "2 passed" in out
-    assert nanolap.read_result(str(tmp_path)) == dict(gpu="NVIDIA_H200", torch=torch.__version__, parts="equal,cost,tests",
+    assert common.read_result(str(tmp_path)) == dict(gpu="NVIDIA_H200", torch=torch.__version__, parts="equal,cost,tests",
                                                       checks="3", failed="1", seconds="0", t="2")

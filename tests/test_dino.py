@@ -15,11 +15,12 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-import nanolap
+import common
 import train_dino as td
+from common import load_checkpoint
 from conftest import ENV, ROOT, param_checksums, result, run
 from data import augment, images
-from nanolap import Config, DINOHead, ViT, load_checkpoint, make_config
+from nanolap import Config, DINOHead, ViT, make_config
 
 SCRIPT = "train_dino.py"
 
@@ -110,8 +111,8 @@ def test_ema_update_is_exact():
 
 
 def test_schedules():
-    # DINO's schedules through nanolap.cosine_schedule: linear warm-up from 0, then a half cosine (cosine_scheduler)
-    cosine = nanolap.cosine_schedule
+    # DINO's schedules through common.cosine_schedule: linear warm-up from 0, then a half cosine (cosine_scheduler)
+    cosine = common.cosine_schedule
     assert cosine(0, 100, 1.0, 0.0, warmup=10) == 0.0
     assert cosine(5, 100, 1.0, 0.0, warmup=10) == pytest.approx(0.5)
     assert cosine(10, 100, 1.0, 0.0, warmup=10) == pytest.approx(1.0)
@@ -304,8 +305,8 @@ def test_imagenet_config_is_one_dino_recipe_on_vit_s16():
     carries the boosted ViT-S recipe (not a mix of it and the vanilla one) at the paper's 50 epochs, and says where
     every value comes from."""
     path = os.path.join(ROOT, "config", "dino_vits16_imagenet.py")
-    config = nanolap.parse_args(options(), [path])
-    cfg = nanolap.config_from_options(config, "vit", img_size=config["global_size"], in_chans=3, num_classes=0)
+    config = common.parse_args(options(), [path])
+    cfg = common.config_from_options(config, "vit", img_size=config["global_size"], in_chans=3, num_classes=0)
     assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.patch_size, cfg.img_size) == (12, 384, 6, 16, 224)
     with torch.device("meta"):  # the shapes without allocating the weights
         params = sum(p.numel() for p in ViT(cfg).parameters())
@@ -320,7 +321,7 @@ def test_help_lists_every_option_with_its_comment(capsys):
     hook = sys.excepthook
     try:
         with pytest.raises(SystemExit) as exit_:
-            nanolap.configure(dict(vars(td)), argv=["--help"])
+            common.configure(dict(vars(td)), argv=["--help"])
     finally:
         sys.excepthook = hook
     out = capsys.readouterr().out
@@ -340,18 +341,20 @@ def test_tiny_run_writes_result_log_and_checkpoint(tmp_path):
     assert sorted(losses(r.stdout)) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses(r.stdout).values())
     res = result(r.stdout)
     assert list(res) == ["n_lap", "params", "seed", "dataset", "steps", "seconds", "knn_acc", "knn_acc_init",
-                         "knn_acc_pixels", "linear_acc", "linear_acc_pixels"]
+                         "knn_acc_pixels", "linear_acc", "linear_acc_pixels", "machine"]
+    assert res["machine"] == common.machine_name("cpu")  # which machine trained it: floats differ between machines
     assert res["steps"] == "4" and res["n_lap"] == "1" and 0 <= float(res["knn_acc"]) <= 1
     assert open(tmp_path / "result.txt").read().strip() == [l for l in r.stdout.splitlines() if l.startswith("RESULT")][-1]
     records = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
     assert [rec["step"] for rec in records] == [0, 4, 4] and "linear_acc" in records[-1]
+    assert all(rec["machine"] == res["machine"] for rec in records)
     assert records[1]["knn_acc"] == pytest.approx(float(res["knn_acc"]), abs=1e-4)
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert {"kind", "model_config", "model", "config", "student", "teacher", "center", "optimizer", "scaler", "step",
             "epoch", "rng", "knn_acc_init"} <= set(ckpt)
     assert ckpt["kind"] == "dino" and ckpt["step"] == 4 and len(ckpt["rng"]) == 1
     assert ckpt["config"]["preset"] == "vit-cpu" and ckpt["config"]["n_embd"] == 32 and ckpt["config"]["dataset"] == "synthetic"
-    backbone = nanolap.load_model(ckpt)  # the teacher backbone, as analyze.py loads it
+    backbone = common.load_model(ckpt)  # the teacher backbone, as analyze.py loads it
     assert backbone.config.num_classes == 0 and backbone.config.drop_path == 0.0 and backbone.config.patch_size == 7
     assert all(torch.equal(v, ckpt["teacher"]["backbone." + k]) for k, v in ckpt["model"].items())
 

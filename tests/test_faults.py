@@ -18,7 +18,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from nanolap import load_checkpoint  # noqa: E402
+import common  # noqa: E402
+from common import load_checkpoint  # noqa: E402
 
 # as in a user's shell: stdout buffered when it is not a terminal (this machine's PYTHONUNBUFFERED=1 would hide that)
 ENV = dict({k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
@@ -167,16 +168,15 @@ def test_prepare_out_dir_moves_everything_that_describes_the_old_run_together(tm
     """The run's files, analyze.py's folder, a folder it wrote with --out (it holds an analysis.json), loose
     analysis files and figures go into one previous-*/ folder; the user's other files and earlier previous-*/
     folders stay where they are."""
-    import nanolap
     out = tmp_path / "run"
     for name in ("ckpt.pt", "log.jsonl", "result.txt", "analysis/summary.md", "analysis/collapse.png",
                  "layer2/analysis.json", "summary.md", "spectrum.png", "notes.txt", "mine/data.csv",
                  "previous-1/analysis/analysis.json"):
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(name)
-    nanolap.prepare_out_dir(str(out), resume=True)  # a resume keeps everything
+    common.prepare_out_dir(str(out), resume=True)  # a resume keeps everything
     assert (out / "analysis" / "summary.md").exists() and not capsys.readouterr().out
-    nanolap.prepare_out_dir(str(out), resume=False)
+    common.prepare_out_dir(str(out), resume=False)
     aside = [n for n in os.listdir(out) if n.startswith("previous-") and n != "previous-1"]
     assert len(aside) == 1
     assert sorted(os.listdir(out)) == sorted(aside + ["mine", "notes.txt", "previous-1"])
@@ -230,18 +230,17 @@ def test_a_refused_option_leaves_no_out_dir_behind(kind, data_dir, tmp_path):
 
 def test_unknown_options_name_the_closest_valid_ones(tmp_path):
     """An unknown option or config-file key: the nearest names (did you mean ...?) and --help, not every name."""
-    import nanolap
     defaults = dict(n_lap=4, n_layer=4, n_head=4, batch_size=128, lr=3e-3, out_dir="out-vit", warmup_epochs=0.5)
     for argv, message in ((["--nlap=2"], "unknown option --nlap; did you mean --n_lap? --help lists every option"),
                           (["--batchsize=64"], "unknown option --batchsize; did you mean --batch_size?"),
                           (["--zzz=1"], "unknown option --zzz; --help lists every option")):
-        with pytest.raises(nanolap.UsageError) as e:
-            nanolap.parse_args(defaults, argv)
+        with pytest.raises(common.UsageError) as e:
+            common.parse_args(defaults, argv)
         assert str(e.value).startswith(message) and len(str(e.value)) < 120, str(e.value)
     f = tmp_path / "cfg.py"
     f.write_text("n_lap = 2\nwarmup_epoch = 1.0\n")
-    with pytest.raises(nanolap.UsageError) as e:
-        nanolap.parse_args(defaults, [str(f)])
+    with pytest.raises(common.UsageError) as e:
+        common.parse_args(defaults, [str(f)])
     assert str(e.value) == (f"config file {f}: line 2: unknown key 'warmup_epoch'; did you mean warmup_epochs? "
                             f"--help lists every option")
 

@@ -23,9 +23,12 @@ import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import common  # noqa: E402
 import train_gpt  # noqa: E402
+from common import UsageError, load_checkpoint, save_checkpoint  # noqa: E402
+from conftest import param_checksums, result  # noqa: E402
 from data import text  # noqa: E402
-from nanolap import Config, UsageError, build_model, load_checkpoint, make_config, save_checkpoint  # noqa: E402
+from nanolap import Config, build_model, make_config  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "train_gpt.py")
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
@@ -91,21 +94,6 @@ def train(args):
         sys.argv = argv
 
 
-def result_line(stdout):
-    """The last RESULT line as a dict; searched anywhere in a line, since with PYTHONUNBUFFERED print writes
-    the text and its newline separately and another process's output can land in between."""
-    line = re.findall(r"RESULT (\S.*)", stdout)[-1]
-    return dict(kv.split("=", 1) for kv in line.split())
-
-
-def read_result(out_dir):
-    with open(os.path.join(out_dir, "result.txt")) as f:
-        return result_line(f.read())
-
-
-def param_checksums(stdout):
-    """{rank: checksum} from the lines of nanolap.print_param_checksum."""
-    return dict(re.findall(r"rank (\d+)/\d+ param_checksum=(-?\d\.\d+e[+-]\d+)", stdout))
 
 # -----------------------------------------------------------------------------
 # data preparation and the text module
@@ -347,19 +335,22 @@ def test_the_uniform_graph_trains(data_dir, tmp_path, optimizer_name):
     done = run(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2", "--n_lap=[0,2]", "--graph=uniform",
                        f"--optimizer_name={optimizer_name}", "--max_new_tokens=0", f"--out_dir={tmp_path}"])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert math.isfinite(float(result_line(done.stdout)["val_loss"]))
+    assert math.isfinite(float(result(done.stdout)["val_loss"]))
 
 
 def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
     done = run(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=3", "--n_lap=[0,1]",
                        "--prompt=ROMEO:", f"--out_dir={tmp_path}"])
     assert done.returncode == 0, done.stderr[-3000:]
-    result = result_line(done.stdout)
-    assert list(result) == ["n_lap", "params", "seed", "dataset", "steps", "seconds", "val_loss", "val_bpb", "train_loss"]
-    assert result["steps"] == "3" and result["n_lap"] == "[0,1]" and math.isfinite(float(result["val_bpb"]))
-    assert read_result(str(tmp_path)) == result and "\nROMEO:" in done.stdout
+    res = result(done.stdout)
+    assert list(res) == ["n_lap", "params", "seed", "dataset", "steps", "seconds", "val_loss", "val_bpb", "train_loss",
+                       "machine"]
+    assert res["machine"] == common.machine_name("cpu")  # which machine trained it: floats differ between machines
+    assert res["steps"] == "3" and res["n_lap"] == "[0,1]" and math.isfinite(float(res["val_bpb"]))
+    assert common.read_result(str(tmp_path)) == res and "\nROMEO:" in done.stdout
     log = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
-    assert [r["step"] for r in log] == [0, 3] and log[-1]["val_loss"] == pytest.approx(float(result["val_loss"]), abs=1e-4)
+    assert all(r["machine"] == res["machine"] for r in log)
+    assert [r["step"] for r in log] == [0, 3] and log[-1]["val_loss"] == pytest.approx(float(res["val_loss"]), abs=1e-4)
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert {"kind", "model_config", "model", "config", "meta", "optimizer", "step", "rng", "best_val_loss",
             "seconds"} <= set(ckpt) and ckpt["kind"] == "gpt" and ckpt["step"] == 3 and len(ckpt["optimizer"]) == 2
@@ -367,7 +358,7 @@ def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
     assert "model" not in ckpt["config"] and "compile" not in ckpt["config"] and "token_bytes" not in ckpt["meta"]
     model = build_model(Config(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])  # the analysed model loads without prefixes
-    assert model.num_params() == int(result["params"])
+    assert model.num_params() == int(res["params"])
 
 
 @pytest.mark.parametrize("args, message", [
@@ -418,7 +409,7 @@ def test_stop_at_step_and_resume_equal_the_uninterrupted_run(data_dir, tmp_path,
     assert [r["step"] for r in logs[1]] == [0, 4, 8]
     assert [{k: v for k, v in r.items() if k != "seconds"} for r in logs[0]] == \
         [{k: v for k, v in r.items() if k != "seconds"} for r in logs[1]]
-    ra, rb = read_result(str(tmp_path / "full")), read_result(str(tmp_path / "split"))
+    ra, rb = common.read_result(str(tmp_path / "full")), common.read_result(str(tmp_path / "split"))
     assert {k: v for k, v in ra.items() if k != "seconds"} == {k: v for k, v in rb.items() if k != "seconds"}
     assert a["kind"] == "gpt" and b["config"]["dataset"] == "tiny" and b["config"]["data_dir"] == data_dir
 
@@ -426,7 +417,7 @@ def test_stop_at_step_and_resume_equal_the_uninterrupted_run(data_dir, tmp_path,
 @pytest.mark.slow
 def test_bpe_dataset_trains_without_the_vocabulary_file(data_dir, tmp_path, capsys):
     train(TINY + [f"--data_dir={data_dir}", "--dataset=tinybpe", "--max_iters=3", f"--out_dir={tmp_path}"])
-    out, result = capsys.readouterr().out, read_result(str(tmp_path))
+    out, result = capsys.readouterr().out, common.read_result(str(tmp_path))
     assert math.isfinite(float(result["val_bpb"])) and float(result["val_bpb"]) > 0
     assert "no sample: tiktoken could not load the 'test-bpe' vocabulary" in out  # the run still finishes
 
@@ -452,7 +443,7 @@ def test_torchrun_and_cpu_processes_match_one_process(data_dir, tmp_path):
     single = run(args + [f"--out_dir={tmp_path / 'one'}", "--batch_size=8", "--eval_iters=1"])  # the same tokens, 1 process
     assert single.returncode == 0, single.stderr[-3000:]
     assert "8 x 32 tokens x 1 process(es) x 1 micro-step(s)" in single.stdout
-    r2, r1 = result_line(ddp.stdout), result_line(single.stdout)  # the same windows: equal up to the float sums' order
+    r2, r1 = result(ddp.stdout), result(single.stdout)  # the same windows: equal up to the float sums' order
     assert abs(float(r2["val_loss"]) - float(r1["val_loss"])) < 2e-4, (r1, r2)
     losses = [re.findall(r"step \d+/4 \| loss (\d\.\d+)", p.stdout) for p in (ddp, single)]
     assert len(losses[0]) == 4 and all(abs(float(a) - float(b)) < 2e-4 for a, b in zip(*losses)), losses
@@ -460,17 +451,17 @@ def test_torchrun_and_cpu_processes_match_one_process(data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_teardown_leaves_after_the_last_collective(tmp_path):
-    """nanolap.teardown_distributed ends a process of a group without the interpreter's finalisation (where a gloo
+    """common.teardown_distributed ends a process of a group without the interpreter's finalisation (where a gloo
     thread can abort it): exit status 0, the output flushed, atexit handlers run, nothing after it runs."""
     script = tmp_path / "end.py"
     script.write_text(f"""import atexit, os, sys
 sys.path.insert(0, {ROOT!r})
-import nanolap
-nanolap.launch_cpu_processes(2, "cpu")  # 2 processes, as the CPU defaults run
-rank = nanolap.setup_distributed("cpu")[0]
+import common
+common.launch_cpu_processes(2, "cpu")  # 2 processes, as the CPU defaults run
+rank = common.setup_distributed("cpu")[0]
 atexit.register(lambda: open(os.path.join({str(tmp_path)!r}, f"atexit{{rank}}"), "w").close())
 sys.stdout.write(f"rank {{rank}} unflushed;")  # a pipe buffers it: teardown must flush it
-nanolap.teardown_distributed()
+common.teardown_distributed()
 print("after teardown")
 """)
     buffered = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}
@@ -574,7 +565,7 @@ def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
     train(args + ["--max_iters=6", "--stop_at_step=3"])
     first = [json.loads(line) for line in open(tmp_path / "log.jsonl")][-1]  # the evaluation at step 3
     train(args + ["--resume"])
-    out, resumed = capsys.readouterr().out, read_result(str(tmp_path))
+    out, resumed = capsys.readouterr().out, common.read_result(str(tmp_path))
     assert "cuda" in out and "bfloat16 autocast" in out and "tok/s" in out
     assert math.isfinite(first["val_loss"]) and float(resumed["val_loss"]) < first["val_loss"] + 0.5
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6

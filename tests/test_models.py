@@ -3,12 +3,14 @@ errors for bad configs, the ViT's features and attention maps at other image siz
 the DINO head, bf16 autocast and torch.compile."""
 
 import re
+from dataclasses import asdict
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import common
 import nanolap
 from conftest import randomise
 from nanolap import Config, build_model, make_config
@@ -175,9 +177,9 @@ def test_compiled_equals_eager_and_checkpoint_round_trip(tmp_path):
         torch.testing.assert_close(compiled(idx), model(idx), atol=1e-4, rtol=1e-4)
     # a compiled model's state dict carries `_orig_mod.`; load_model strips it
     path = str(tmp_path / "ckpt.pt")
-    nanolap.save_checkpoint({"model": compiled.state_dict(), "model_config": nanolap.asdict(model.config)}, path)
+    common.save_checkpoint({"model": compiled.state_dict(), "model_config": asdict(model.config)}, path)
     assert any(k.startswith("_orig_mod.") for k in torch.load(path, weights_only=True)["model"])
-    loaded = nanolap.load_model(path).eval()
+    loaded = common.load_model(path).eval()
     assert loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(idx), model(idx), atol=0, rtol=0)

@@ -1,28 +1,32 @@
-"""The run plumbing every script shares (nanolap.py after "# ---- run plumbing"), in the order a run meets it:
+"""The run plumbing every script shares (common.py), in the order a run meets it:
 options (parse_args, configure, config_from_options, --resume, check_options, check_resume), devices and dtypes, the
 non-finite guard, the cosine schedule, checkpoints and atomic writes, the random state, the output folder and the
 RESULT line."""
 
+import ast
+import glob
 import math
 import os
 import random
+from dataclasses import asdict
 
 import pytest
 import torch
 
+import common
 import nanolap
 from nanolap import Config
 
 
 def test_parse_args_overrides_config_files_and_errors(tmp_path):
     defaults = dict(lr=1e-3, batch_size=64, dataset="fashion_mnist", compile=False, n_lap=0, preset=None)
-    cfg = nanolap.parse_args(defaults, ["--lr=3e-4", "--batch_size=32", "--dataset=cifar10", "--compile",
+    cfg = common.parse_args(defaults, ["--lr=3e-4", "--batch_size=32", "--dataset=cifar10", "--compile",
                                         "--n_lap=[0,1,2]", "--preset='vit-b'"])
     assert cfg == dict(lr=3e-4, batch_size=32, dataset="cifar10", compile=True, n_lap=[0, 1, 2], preset="vit-b")
-    assert nanolap.parse_args(defaults, ["--lr=1"])["lr"] == 1.0  # an int where a float is expected is fine
+    assert common.parse_args(defaults, ["--lr=1"])["lr"] == 1.0  # an int where a float is expected is fine
     f = tmp_path / "cfg.py"
     f.write_text("# a comment\nlr = 0.01\nn_lap = 3\n")
-    assert nanolap.parse_args(defaults, [str(f), "--lr=0.5"])["lr"] == 0.5
+    assert common.parse_args(defaults, [str(f), "--lr=0.5"])["lr"] == 0.5
     for argv, message in [(["--learning_rate=1"], "unknown option --learning_rate"),
                           (["--batch_size=3.5"], "expected int"),
                           (["--batch_size=big"], "expected int"),
@@ -30,14 +34,14 @@ def test_parse_args_overrides_config_files_and_errors(tmp_path):
                           (["--lr"], "needs a value"),
                           (["nonexistent.py"], "neither"),
                           (["--n_lap=1.5"], "expected int")]:
-        with pytest.raises(nanolap.UsageError, match=message):
-            nanolap.parse_args(defaults, argv)
+        with pytest.raises(common.UsageError, match=message):
+            common.parse_args(defaults, argv)
     f.write_text("import os\n")
-    with pytest.raises(nanolap.UsageError, match="only `key = value`"):
-        nanolap.parse_args(defaults, [str(f)])
+    with pytest.raises(common.UsageError, match="only `key = value`"):
+        common.parse_args(defaults, [str(f)])
     f.write_text("lr = __import__('os').getcwd()\n")
-    with pytest.raises(nanolap.UsageError, match="literal"):
-        nanolap.parse_args(defaults, [str(f)])
+    with pytest.raises(common.UsageError, match="literal"):
+        common.parse_args(defaults, [str(f)])
 
 
 def fake_script(tmp_path, text):
@@ -63,11 +67,11 @@ _private = 1
 
 def test_configure_reads_the_options_from_the_globals_and_writes_them_back(tmp_path, capsys):
     ns = fake_script(tmp_path, SCRIPT)
-    config, ckpt = nanolap.configure(ns, ["--lr=0.01", "--n_lap=[0,1,2,4]"])
+    config, ckpt = common.configure(ns, ["--lr=0.01", "--n_lap=[0,1,2,4]"])
     assert ckpt is None and sorted(config) == ["lr", "n_embd", "n_lap", "out_dir", "preset", "resume"]
     assert ns["lr"] == 0.01 and ns["n_lap"] == [0, 1, 2, 4] and ns["MAX"] == 3
     with pytest.raises(SystemExit) as exit_:
-        nanolap.configure(fake_script(tmp_path, SCRIPT), ["--help"])
+        common.configure(fake_script(tmp_path, SCRIPT), ["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and out.startswith("A test script.")
     assert "--lr=0.001  # the peak learning rate" in out and "--n_embd=None  # None = the preset's width" in out
@@ -78,37 +82,37 @@ def test_only_commented_top_level_literals_are_options(tmp_path):
     """A script's options are its `name = literal  # comment` lines: a global without a comment, one set in a
     block, or one whose value is not a literal stays the script's own, and --it=... is refused as unknown."""
     ns = fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\nzeros = torch.zeros(1)  # a tensor\n')
-    config, _ = nanolap.configure(ns, [])
+    config, _ = common.configure(ns, [])
     assert sorted(config) == ["lr", "n_embd", "n_lap", "out_dir", "preset", "resume"]
     for argv in (["--it=2"], ["--step=1"], ["--zeros=0"]):
-        with pytest.raises(nanolap.UsageError, match=f"unknown option {argv[0].split('=')[0]};"):
-            nanolap.configure(fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\n'
+        with pytest.raises(common.UsageError, match=f"unknown option {argv[0].split('=')[0]};"):
+            common.configure(fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\n'
                                           'zeros = torch.zeros(1)  # a tensor\n'), argv)
 
 
 def test_config_from_options_derives_the_model_config_from_its_fields(tmp_path):
     ns = fake_script(tmp_path, SCRIPT)
-    config, _ = nanolap.configure(ns, ["--n_embd=32"])
-    cfg = nanolap.config_from_options(config, "vit", num_classes=3)
+    config, _ = common.configure(ns, ["--n_embd=32"])
+    cfg = common.config_from_options(config, "vit", num_classes=3)
     assert (cfg.n_embd, cfg.n_lap, cfg.patch_size, cfg.num_classes) == (32, 2, 7, 3)  # option, option, preset, data
-    with pytest.raises(nanolap.UsageError, match="--preset='gpt-tiny': choose one of"):
-        nanolap.config_from_options(dict(config, preset="gpt-tiny"), "vit")
+    with pytest.raises(common.UsageError, match="--preset='gpt-tiny': choose one of"):
+        common.config_from_options(dict(config, preset="gpt-tiny"), "vit")
 
 
 def test_resume_takes_the_checkpoint_options_and_refuses_model_changes(tmp_path):
     out = tmp_path / "run"
     cfg = dict(out_dir=str(out), resume=False, lr=0.5, n_lap=3, preset="vit-cpu", n_embd=None)
-    nanolap.save_checkpoint({"config": cfg, "model_config": {}}, str(out / "ckpt.pt"))
-    config, ckpt = nanolap.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}"])
+    common.save_checkpoint({"config": cfg, "model_config": {}}, str(out / "ckpt.pt"))
+    config, ckpt = common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}"])
     assert ckpt is not None and config["lr"] == 0.5 and config["n_lap"] == 3 and config["resume"]
-    config, _ = nanolap.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"])
+    config, _ = common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"])
     assert config["lr"] == 0.1  # a training option may change ...
-    with pytest.raises(nanolap.UsageError, match=r"cannot change the model, data or schedule \(--n_lap=4 \(checkpoint: 3\)"):
-        nanolap.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--n_lap=4"])  # ... the model not
-    with pytest.raises(nanolap.UsageError, match=r"or schedule \(--lr=0.1 \(checkpoint: 0.5\)\)\. To train longer"):
-        nanolap.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"], schedule=("lr",))
+    with pytest.raises(common.UsageError, match=r"cannot change the model, data or schedule \(--n_lap=4 \(checkpoint: 3\)"):
+        common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--n_lap=4"])  # ... the model not
+    with pytest.raises(common.UsageError, match=r"or schedule \(--lr=0.1 \(checkpoint: 0.5\)\)\. To train longer"):
+        common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"], schedule=("lr",))
     with pytest.raises(FileNotFoundError, match="--resume: no checkpoint at"):
-        nanolap.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={tmp_path / 'none'}"])
+        common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={tmp_path / 'none'}"])
 
 
 
@@ -116,50 +120,50 @@ def test_check_options_states_each_rule_once_in_one_wording():
     config = dict(epochs=3, subset=0, lr=0.1, p=0.5, optimizer_name="adamw")
     rules = dict(at_least={1: ("epochs",), 0: ("subset",)}, above_zero=("lr",), fractions=("p",),
                  choices=dict(optimizer_name=("adamw", "lamb")))
-    nanolap.check_options(config, **rules)  # all good: nothing raised
+    common.check_options(config, **rules)  # all good: nothing raised
     for change, message in [(dict(epochs=0), "--epochs=0: must be at least 1"),
                             (dict(subset=-1), "--subset=-1: must be at least 0"),
                             (dict(lr=0.0), "--lr=0.0: must be greater than 0"),
                             (dict(p=1.5), "--p=1.5: must lie in [0, 1]"),
                             (dict(p=-0.1), "--p=-0.1: must lie in [0, 1]"),
                             (dict(optimizer_name="sgd"), "--optimizer_name='sgd': choose one of adamw, lamb")]:
-        with pytest.raises(nanolap.UsageError) as err:
-            nanolap.check_options({**config, **change}, **rules)
+        with pytest.raises(common.UsageError) as err:
+            common.check_options({**config, **change}, **rules)
         assert str(err.value) == message
 
 
 def test_check_resume_refuses_another_kind_or_another_model():
     model_config = nanolap.make_config("vit-cpu", n_lap=2)
-    ckpt = dict(kind="vit", model_config=nanolap.asdict(model_config))
-    nanolap.check_resume(ckpt, "vit", model_config)  # the same run: nothing raised
-    with pytest.raises(nanolap.UsageError, match="holds a vit run, not a dino one"):
-        nanolap.check_resume(ckpt, "dino", model_config)
-    with pytest.raises(nanolap.UsageError, match="holds a different model"):
-        nanolap.check_resume(ckpt, "vit", nanolap.make_config("vit-cpu", n_lap=2, img_size=14))
+    ckpt = dict(kind="vit", model_config=asdict(model_config))
+    common.check_resume(ckpt, "vit", model_config)  # the same run: nothing raised
+    with pytest.raises(common.UsageError, match="holds a vit run, not a dino one"):
+        common.check_resume(ckpt, "dino", model_config)
+    with pytest.raises(common.UsageError, match="holds a different model"):
+        common.check_resume(ckpt, "vit", nanolap.make_config("vit-cpu", n_lap=2, img_size=14))
 
 
 def test_devices_and_dtypes_are_checked():
-    assert nanolap.resolve_device("cpu") == "cpu"
-    with pytest.raises(nanolap.UsageError, match="choose auto, cpu"):
-        nanolap.resolve_device("gpu")
+    assert common.resolve_device("cpu") == "cpu"
+    with pytest.raises(common.UsageError, match="choose auto, cpu"):
+        common.resolve_device("gpu")
     if not torch.cuda.is_available():
-        with pytest.raises(nanolap.UsageError, match="--device=cuda: this machine has no CUDA device"):
-            nanolap.resolve_device("cuda")
-    context, dtype = nanolap.autocast("cpu", "auto")
+        with pytest.raises(common.UsageError, match="--device=cuda: this machine has no CUDA device"):
+            common.resolve_device("cuda")
+    context, dtype = common.autocast("cpu", "auto")
     assert dtype == torch.float32
-    with pytest.raises(nanolap.UsageError, match="--dtype='fp8'"):
-        nanolap.autocast("cpu", "fp8")
+    with pytest.raises(common.UsageError, match="--dtype='fp8'"):
+        common.autocast("cpu", "fp8")
 
 
 def test_check_finite_stops_on_nan():
-    nanolap.check_finite(torch.tensor(1.0), 3)
+    common.check_finite(torch.tensor(1.0), 3)
     with pytest.raises(FloatingPointError, match="non-finite loss nan at step 7"):
-        nanolap.check_finite(torch.tensor(float("nan")), 7)
+        common.check_finite(torch.tensor(float("nan")), 7)
 
 
 
 def test_cosine_schedule_warms_up_either_way_then_follows_a_half_cosine():
-    cosine = nanolap.cosine_schedule
+    cosine = common.cosine_schedule
     # DINO's warm-up begins at warmup_start; nanoGPT's (the ViT's, warmup_from=1) reaches the peak at step warmup - 1
     assert [cosine(s, 100, 1.0, 0.0, warmup=4) for s in range(4)] == [0.0, 0.25, 0.5, 0.75]
     assert [cosine(s, 100, 1.0, 0.0, warmup=4, warmup_from=1) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
@@ -174,41 +178,41 @@ def test_cosine_schedule_warms_up_either_way_then_follows_a_half_cosine():
 
 def test_checkpoint_is_atomic_and_never_executes_code(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
-    nanolap.save_checkpoint({"step": 1}, path)
+    common.save_checkpoint({"step": 1}, path)
 
     def crash(*args, **kwargs):
         raise RuntimeError("disk full")
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(RuntimeError):
-        nanolap.save_checkpoint({"step": 2}, path)
+        common.save_checkpoint({"step": 2}, path)
     monkeypatch.undo()
-    assert nanolap.load_checkpoint(path)["step"] == 1  # the old checkpoint survived
+    assert common.load_checkpoint(path)["step"] == 1  # the old checkpoint survived
     torch.save({"evil": Config()}, str(tmp_path / "evil.pt"))  # a pickled object, not plain data
-    with pytest.raises(nanolap.UsageError, match="holds Python objects.*not loaded"):
-        nanolap.load_checkpoint(str(tmp_path / "evil.pt"))
+    with pytest.raises(common.UsageError, match="holds Python objects.*not loaded"):
+        common.load_checkpoint(str(tmp_path / "evil.pt"))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        nanolap.load_checkpoint(str(tmp_path / "missing.pt"))
+        common.load_checkpoint(str(tmp_path / "missing.pt"))
 
 
 def test_save_checkpoint_removes_temp_files_of_killed_saves(tmp_path):
     (tmp_path / "ckpt.pt.tmp12345").write_bytes(b"")  # what a save killed mid-write leaves
-    nanolap.save_checkpoint({"step": 3}, str(tmp_path / "ckpt.pt"))
+    common.save_checkpoint({"step": 3}, str(tmp_path / "ckpt.pt"))
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
 
 
 
 def test_atomic_write_writes_everything_or_nothing(tmp_path):
     path = tmp_path / "sub" / "data.bin"
-    with nanolap.atomic_write(str(path)) as f:  # makes the folder
+    with common.atomic_write(str(path)) as f:  # makes the folder
         f.write(b"first")
     assert path.read_bytes() == b"first"
     with pytest.raises(ValueError):
-        with nanolap.atomic_write(str(path)) as f:
+        with common.atomic_write(str(path)) as f:
             f.write(b"half of the second")
             raise ValueError("the writer fails half-way")
     assert path.read_bytes() == b"first" and os.listdir(path.parent) == ["data.bin"]  # old file, no temporary left
     (path.parent / "data.bin.tmp999").write_bytes(b"left by a killed write")
-    with nanolap.atomic_write(str(path)) as f:
+    with common.atomic_write(str(path)) as f:
         f.write(b"third")
     assert path.read_bytes() == b"third" and os.listdir(path.parent) == ["data.bin"]
 
@@ -221,11 +225,11 @@ def test_atomic_write_writes_everything_or_nothing(tmp_path):
 def test_damaged_checkpoints_fail_in_one_line_without_unsafe_advice(tmp_path, content, message):
     path = tmp_path / "ckpt.pt"
     if content == "truncated":
-        nanolap.save_checkpoint({"model": torch.randn(1000)}, str(path))
+        common.save_checkpoint({"model": torch.randn(1000)}, str(path))
         content = path.read_bytes()[:2000]
     path.write_bytes(content)
-    with pytest.raises(nanolap.UsageError) as err:
-        nanolap.load_checkpoint(str(path), "--resume: ")
+    with pytest.raises(common.UsageError) as err:
+        common.load_checkpoint(str(path), "--resume: ")
     text = str(err.value)
     assert message in text and str(path) in text and "\n" not in text
     assert "weights_only=False" not in text and "damaged or truncated" in text
@@ -233,14 +237,14 @@ def test_damaged_checkpoints_fail_in_one_line_without_unsafe_advice(tmp_path, co
 
 def test_clean_state_dict_strips_compile_and_ddp_prefixes():
     sd = {"module._orig_mod.blocks.0.x": 1, "_orig_mod.wte.weight": 2, "head.weight": 3}
-    assert nanolap.clean_state_dict(sd) == {"blocks.0.x": 1, "wte.weight": 2, "head.weight": 3}
+    assert common.clean_state_dict(sd) == {"blocks.0.x": 1, "wte.weight": 2, "head.weight": 3}
 
 
 def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
-    state = nanolap.rng_state()
+    state = common.rng_state()
     a = (random.random(), torch.rand(3))
-    nanolap.save_checkpoint({"rng": state}, str(tmp_path / "r.pt"))
-    nanolap.set_rng_state(nanolap.load_checkpoint(str(tmp_path / "r.pt"))["rng"])
+    common.save_checkpoint({"rng": state}, str(tmp_path / "r.pt"))
+    common.set_rng_state(common.load_checkpoint(str(tmp_path / "r.pt"))["rng"])
     b = (random.random(), torch.rand(3))
     assert a[0] == b[0] and torch.equal(a[1], b[1])
 
@@ -250,21 +254,57 @@ def test_prepare_out_dir_moves_an_earlier_run_aside_and_checks_writing(tmp_path,
     out.mkdir()
     (out / "ckpt.pt").write_text("old")
     (out / "log.jsonl").write_text("{}\n")
-    nanolap.prepare_out_dir(str(out), resume=True)  # a resume keeps them
+    common.prepare_out_dir(str(out), resume=True)  # a resume keeps them
     assert (out / "ckpt.pt").exists()
-    nanolap.prepare_out_dir(str(out), resume=False)  # a fresh run moves them aside, and says where
+    common.prepare_out_dir(str(out), resume=False)  # a fresh run moves them aside, and says where
     aside = [d for d in os.listdir(out) if d.startswith("previous-")]
     assert len(aside) == 1 and sorted(os.listdir(out / aside[0])) == ["ckpt.pt", "log.jsonl"]
     assert not (out / "ckpt.pt").exists() and aside[0] in capsys.readouterr().out
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(nanolap.UsageError, match="--out_dir=.* cannot be written"):
-        nanolap.prepare_out_dir(str(blocker / "sub"), resume=False)
+    with pytest.raises(common.UsageError, match="--out_dir=.* cannot be written"):
+        common.prepare_out_dir(str(blocker / "sub"), resume=False)
 
 
 def test_result_line_and_step_seed(tmp_path, capsys):
-    nanolap.write_result(str(tmp_path), val_acc=0.81234, n_lap=[0, 4], params=12, seconds="3.5")
+    common.write_result(str(tmp_path), val_acc=0.81234, n_lap=[0, 4], params=12, seconds="3.5")
     line = "RESULT val_acc=0.8123 n_lap=[0,4] params=12 seconds=3.5"
     assert capsys.readouterr().out.strip() == line and (tmp_path / "result.txt").read_text().strip() == line
-    assert nanolap.step_seed(0, 1, 2) == nanolap.step_seed(0, 1, 2) != nanolap.step_seed(0, 2, 1)
+    assert common.step_seed(0, 1, 2) == common.step_seed(0, 1, 2) != common.step_seed(0, 2, 1)
 
+
+
+def local_imports(path, local):
+    """The repository modules that the file at path imports (first name of each import)."""
+    tree = ast.parse(open(path).read())
+    names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return names & local if local else names
+
+
+def test_the_arrows_point_one_way():
+    """nanolap.py <- common.py <- data/ <- the scripts (train_*.py, analyze.py, exercises/) <- results/report.py: each
+    file imports only what lies below it, and the model file nothing but math, dataclasses and torch."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    local = {os.path.splitext(f)[0] for f in os.listdir(root) if f.endswith(".py")} | {"data", "report"}
+    assert local_imports(os.path.join(root, "nanolap.py"), None) <= {"math", "dataclasses", "torch"}
+    below = {"common.py": {"nanolap"}, "results/report.py": {"nanolap", "common", "data", "analyze"}}
+    scripts = glob.glob(os.path.join(root, "train_*.py")) + [os.path.join(root, "analyze.py")]
+    scripts += glob.glob(os.path.join(root, "exercises", "**", "*.py"), recursive=True)
+    data = glob.glob(os.path.join(root, "data", "**", "*.py"), recursive=True)
+    below.update({os.path.relpath(p, root): {"nanolap", "common", "data"} for p in scripts + data})
+    assert len(below) > 20
+    for path, allowed in below.items():
+        found = local_imports(os.path.join(root, path), local)
+        assert found <= allowed, (path, found - allowed)
+
+
+def test_machine_name_is_one_word_naming_the_gpu_or_the_cpu_and_its_kernels(monkeypatch):
+    """A run records what trained it (floats differ between machines): the GPU's name, or the CPU's model name and the
+    vector instructions torch's kernels use, as one word for the RESULT line."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert common.machine_name("cuda:0") == "NVIDIA_H200"
+    cpu = common.machine_name("cpu")
+    assert cpu.endswith("_" + torch.backends.cpu.get_cpu_capability()) and " " not in cpu and len(cpu) > 8
+    monkeypatch.setattr(common, "cpu_model_name", lambda: "Apple  M2 Pro")
+    assert common.machine_name("mps") == f"Apple_M2_Pro_{torch.backends.cpu.get_cpu_capability()}"

@@ -14,11 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import common
 import nanolap
 import train_vit
+from common import load_checkpoint, load_model
 from conftest import ENV, ROOT, param_checksums, result, run
 from data import augment, images
-from nanolap import load_checkpoint, load_model
 
 SCRIPT = "train_vit.py"
 
@@ -30,7 +31,7 @@ HEAVY = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--bat
          "--log_interval=1", "--drop_path=0.1", "--three_augment=True", "--mixup=0.8", "--cutmix=1.0",
          "--random_erasing=0.25", "--crop_padding=2", "--hflip=True"]
 RESULT_KEYS = ["n_lap", "params", "seed", "dataset", "steps", "seconds", "val_acc", "val_loss", "epochs", "img_per_s",
-               "data_wait"]
+               "data_wait", "machine"]
 
 
 def step_losses(stdout):
@@ -58,6 +59,7 @@ def test_tiny_training_on_cpu(tmp_path):
     assert re.search(r"epoch 1/2 step 2/8 \| loss \S+ \| lr \S+ \| \d+ img/s \| data \S+% \| eta", p.stdout)
     records = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
     assert [rec["step"] for rec in records] == [4, 8]  # one eval per epoch
+    assert r["machine"] == common.machine_name("cpu") and all(rec["machine"] == r["machine"] for rec in records)
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert {"kind", "model_config", "model", "config", "optimizer", "scaler", "step", "steps_per_epoch",
             "best_val_acc", "val_acc", "val_loss", "rng", "classes", "mean", "std"} <= set(ckpt)
@@ -73,7 +75,7 @@ def test_tiny_training_on_cpu(tmp_path):
 def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its own
     with pytest.raises(SystemExit) as stop:
-        nanolap.configure(dict(vars(train_vit)), ["--help"])
+        common.configure(dict(vars(train_vit)), ["--help"])
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("Supervised ViTs") and "torchrun --nproc_per_node=8" in out
@@ -111,10 +113,10 @@ def test_config_files_name_options_and_make_a_model(path, model):
     every value comes from."""
     options = {k: v for k, v in vars(train_vit).items() if k.islower() and not k.startswith("_")
                and (v is None or isinstance(v, (bool, int, float, str, list)))}
-    config = nanolap.parse_args(options, [os.path.join(ROOT, path)])
+    config = common.parse_args(options, [os.path.join(ROOT, path)])
     assert config["compile_model"] and config["three_augment"] and config["mixup"] == 0.8
     native = 224 if config["dataset"] == "imagefolder" else 32  # train_vit.py's img_size=0
-    cfg = nanolap.config_from_options(config, "vit", img_size=config["img_size"] or native, in_chans=3,
+    cfg = common.config_from_options(config, "vit", img_size=config["img_size"] or native, in_chans=3,
                                       num_classes=model["num_classes"])
     assert cfg.qk_norm and cfg.pooling == "cls" and {k: getattr(cfg, k) for k in model} == model
     with torch.device("meta"):  # the shapes without allocating ViT-B's weights
@@ -132,7 +134,7 @@ def test_param_checksums_are_read_back(capsys):
     """The DDP tests compare ranks through these lines, so what the printer writes the parser must return."""
     params = [torch.full((3,), 0.5), torch.tensor([-2.0, 0.25])]
     for rank in (1, 0):
-        nanolap.print_param_checksum(params, rank, 2)
+        common.print_param_checksum(params, rank, 2)
     out = capsys.readouterr().out
     assert param_checksums("noise\n" + out) == {"0": "-2.5000000000e-01", "1": "-2.5000000000e-01"}
 
@@ -392,8 +394,8 @@ def test_make_optimizer_decays_weight_matrices_only():
 
 
 def test_lr_schedule():
-    # the ViT's schedule through nanolap.cosine_schedule: warm-up step s trains at (s + 1) / 10 of the peak
-    lrs = [nanolap.cosine_schedule(s, 100, 1e-3, 1e-5, 10, warmup_from=1) for s in range(100)]
+    # the ViT's schedule through common.cosine_schedule: warm-up step s trains at (s + 1) / 10 of the peak
+    lrs = [common.cosine_schedule(s, 100, 1e-3, 1e-5, 10, warmup_from=1) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == pytest.approx(1e-5, abs=1e-6)
 

@@ -34,9 +34,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
+import common  # noqa: E402
+from common import UsageError, configure  # noqa: E402
 from data import text  # noqa: E402
-import nanolap  # noqa: E402
-from nanolap import UsageError, configure  # noqa: E402
 
 BASE_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"
 MAX_SHARDS = 99  # finewebedu_train_000001.bin ... finewebedu_train_000099.bin
@@ -59,7 +59,7 @@ out_dir = HERE  # where shards/, train.bin, val.bin and meta.json go
 def write_shard(path, tokens):
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:3] = MAGIC, VERSION, len(tokens)
-    with nanolap.atomic_write(path) as f:
+    with common.atomic_write(path) as f:
         f.write(header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
@@ -88,7 +88,7 @@ def download(url, path, retries=6, backoff=2.0, timeout=60):
             os.remove(path)
     for attempt in range(1, retries + 1):
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r, nanolap.atomic_write(path) as f:
+            with urllib.request.urlopen(url, timeout=timeout) as r, common.atomic_write(path) as f:
                 total = int(r.headers.get("Content-Length") or 0)
                 done = 0
                 t0 = time.time()
@@ -179,7 +179,7 @@ def tokenize_to_shards(docs, enc, shard_size, shard_dir):
 def concatenate(shard_paths, out_path):
     """Stream the tokens of the shards, in order, into one flat uint16 file (temporary file, rename)."""
     n = 0
-    with nanolap.atomic_write(out_path) as f:
+    with common.atomic_write(out_path) as f:
         for path in shard_paths:
             tokens = read_shard(path)
             for i in range(0, len(tokens), 1 << 24):
@@ -203,7 +203,7 @@ def assemble(val_shard, train_shards, out_dir, meta):
     n_val = concatenate([val_shard], os.path.join(out_dir, "val.bin"))
     n_train = concatenate(train_shards, os.path.join(out_dir, "train.bin"))
     meta = dict(meta, shards=shards, train_tokens=n_train, val_tokens=n_val)
-    with nanolap.atomic_write(meta_path) as f:
+    with common.atomic_write(meta_path) as f:
         f.write(json.dumps(meta).encode("utf-8"))
     print(f"vocab size: {meta['vocab_size']:,}")
     print(f"train has {n_train:,} tokens")

@@ -13,8 +13,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
+from common import configure  # noqa: E402
 from data import text  # noqa: E402
-from nanolap import configure  # noqa: E402
 
 input_file = ""  # a UTF-8 text file to use instead of Shakespeare
 out_dir = HERE  # where train.bin, val.bin and meta.json go

@@ -1,0 +1,381 @@
+"""
+The comparisons over n_lap and the sweep's report, from the artefacts that analyze.py and the training scripts
+leave (analysis.json and result.txt): no checkpoint, model or data is read, so the report redraws in seconds.
+
+    python results/report.py                         # results/summary.md and results/figures/ from results/<set>/<run>/
+    python results/report.py out/cmp/vit-k0 out/cmp/vit-k4 --out=out/cmp   # compare runs that analyze.py analysed
+
+A comparison groups its runs by n_lap (seeds pooled): every metric as mean +- std over seeds, the effect of the
+largest n_lap against n_lap = 0 with its standard error and whether the seeds separate, Spearman's trend over every
+n_lap value, the per-head means, and figures against n_lap. The sweep's report does this for each set
+(results/<set>/), writes summary.md, and draws the README's headline figure.
+"""
+
+import glob
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+import analyze  # noqa: E402
+import common  # noqa: E402
+from common import UsageError  # noqa: E402
+
+# ---------------------------------------------------------------- options
+out = ""  # output folder; "" = the results folder itself (the sweep's report), or the compared runs' common parent
+results = os.path.dirname(os.path.abspath(__file__))  # the sweep's folder of <set>/<run>/ artefacts (no runs given)
+
+# ---------------------------------------------------------------- constants
+# the end metrics of a run's result.txt; the first is the headline figure's
+END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
+               "dino": ("knn_acc", "linear_acc", "seg_miou")}
+# settings that do not change what a run learns (paths, logging, hardware), ignored when comparing runs
+OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
+               "log_interval", "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from",
+               "cpu_procs", "cpu_threads"}
+
+# ---------------------------------------------------------------- summaries over runs: means, seeds, settings, trends
+
+def _mean_std(values):
+    v = torch.tensor([x for x in values if x is not None], dtype=torch.float64)
+    std = (v.std().item() if len(v) > 1 else 0.0) if len(v) else None  # unbiased
+    return dict(mean=v.mean().item() if len(v) else None, std=std, n=len(v))
+
+def _mean_curve(curves):  # the mean of several runs' curves, cut to the shortest
+    n = min(len(c) for c in curves)
+    return torch.tensor([[math.nan if v is None else v for v in c[:n]] for c in curves], dtype=torch.float64).mean(0).tolist()
+
+def seeds_note(counts):  # what a comparison's error bars stand for: the runs (seeds) behind each of its points
+    n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+    return "1 seed per point, no spread" if max(counts) == 1 else f"mean +- std over {n} seeds per point"
+
+def differing_settings(configs):
+    """Training settings, other than n_lap and seed, that all the compared runs record but set differently."""
+    keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
+    return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
+
+def effect(v0, v1):
+    """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
+    (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0 (None
+    with one seed in a group: one run against one says nothing about the spread)."""
+    s0, s1 = _mean_std(v0), _mean_std(v1)
+    if min(s0["n"], s1["n"]) < 2:
+        return s1["mean"] - s0["mean"], None, None
+    se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"])
+    return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
+
+def spearman_trend(xs, ys, samples=10_000, seed=0):
+    """Spearman's rank correlation of ys against xs (ties share their mean rank) over all runs of a set, and its
+    two-sided permutation p: the share of `samples` random pairings of the same values (fixed seed) whose |correlation|
+    reaches the observed one, counting the observed pairing once: (hits + 1) / (samples + 1)."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    observed = _correlation(rx, ry[None])[0]
+    g = torch.Generator().manual_seed(seed)
+    shuffled = torch.stack([ry[torch.randperm(len(ry), generator=g)] for _ in range(samples)])
+    hits = (_correlation(rx, shuffled).abs() >= abs(observed) - 1e-12).sum().item()
+    return observed.item(), (hits + 1) / (samples + 1)
+
+def _ranks(values):  # ranks 1..n, ties at their mean rank
+    v = torch.tensor(values, dtype=torch.float64)
+    return torch.tensor([((v < x).sum() + ((v == x).sum() + 1) / 2).item() for x in v], dtype=torch.float64)
+
+def _correlation(x, ys):  # Pearson correlation of x (n,) with each row of ys (k, n)
+    x = x - x.mean()
+    ys = ys - ys.mean(-1, keepdim=True)
+    return (ys @ x) / (ys.norm(dim=-1) * x.norm()).clamp(min=1e-300)
+
+# ---------------------------------------------------------------- figures against n_lap
+
+def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [(label, [{"mean", "std"} per x])]
+    # ax: a panel of a larger figure, not saved here
+    fig, ax = (ax.figure, ax) if ax else analyze.pyplot().subplots(figsize=(5, 3.6))
+    for (label, stats), fmt in zip(series, ("o-", "s--", "^:", "d-.", "v-", "x--") * len(series)):
+        pts = [(x, s) for x, s in zip(xs, stats) if s["mean"] is not None]
+        ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=fmt,
+                    capsize=3, label=label)
+    ax.set_xticks(xs, ticks, rotation=30 if any(" " in k for k in ticks) else 0)
+    ax.set(xlabel="Laplacian heads per layer", ylabel=ylabel, title=title)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return path and analyze.save_figure(fig, path)
+
+def fig_head_means(table, color, title, path):
+    """compare()'s per-head figure: per block, the mean rho of the Laplacian heads (solid) and of the attention heads
+    (dashed) of each n_lap group, mean +- std over its seeds."""
+    fig, ax = analyze.pyplot().subplots(figsize=(5.6, 3.8))
+    for row in table:
+        for kind, style in (("laplacian", "o-"), ("attention", "s--")):
+            per_block = list(zip(*[m[kind] for m in row["head_means"]]))  # blocks x seeds
+            stats = [_mean_std(values) for values in per_block]
+            pts = [(l + 1, s) for l, s in enumerate(stats) if s["mean"] is not None]
+            if pts:
+                ax.errorbar([p for p, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=style,
+                            capsize=3, color=color[row["n_lap"]], label=f"n_lap={row['n_lap']}: {kind} heads")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xlabel="block", ylabel="mean first-order change $\\rho$\n(negative: the heads smooth)", title=title)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return analyze.save_figure(fig, path)
+
+def _point(comparison, point, key):  # mean +- std of `key` in the group at point (x, label); mean None: no point there
+    found = [g for g in comparison["groups"] if (g["n_lap_mean"], g["n_lap"]) == point]
+    return _mean_std(found[0]["values"][key]) if found else {"mean": None}
+
+def fig_headline(sets, path):
+    """The README's figure, a column per paradigm: its headline end metric (END_METRICS' first; top) and the
+    within-sequence share of the patch tokens (GPT: the within-class share of next-token classes; bottom) against n_lap,
+    mean +- std over seeds. Sets of the first set's recipe at other lengths (vit_long) are series of their own,
+    labelled with their epochs; a second set of the same recipe and length (vit_amd: the same runs on another
+    machine) and sets of other recipes (vit_cls, dino_scenes) are left out."""
+    kinds = [k for k in END_METRICS if any(c["kind"] == k for c in sets.values())]
+    fig, axes = analyze.pyplot().subplots(2, len(kinds), figsize=(4.8 * len(kinds), 7.4), squeeze=False)
+    for kind, col in zip(kinds, axes.T):
+        same = [c for c in sets.values() if c["kind"] == kind]
+        same = [c for c in same if set(differing_settings([same[0]["config"], c["config"]])) <= {"epochs"}]  # one recipe
+        by_length = {}
+        for c in same:
+            by_length.setdefault(c["label"], c)  # the first set of each length
+        same = sorted(by_length.values(), key=lambda c: c["config"].get("epochs") or 0)  # the legend by length
+        points = sorted({(g["n_lap_mean"], g["n_lap"]) for c in same for g in c["groups"]})  # (x, label) of every set
+        bars = seeds_note([len(g["runs"]) for c in same for g in c["groups"]]).replace("+-", "$\\pm$")
+        share = (("within_class (next-token)", "within-class share of next-token classes") if kind == "gpt" else
+                 ("within_seq (patch)", "within-sequence share of patch tokens"))
+        head = END_METRICS[kind][0]
+        better = "lower" if head in ("val_bpb", "val_loss") else "higher"
+        for ax, (key, what) in zip(col, [(head, f"{head} ({better} is better)"), share]):
+            series = [(c["label"] if len(same) > 1 else None, [_point(c, p, key) for p in points]) for c in same]
+            fig_errorbars(*zip(*points), series, what, f"{kind}: {what}\n({bars})", None, ax)
+    return analyze.save_figure(fig, path)
+
+# ---------------------------------------------------------------- comparisons of several runs, and the sweep's report
+
+def _ms(d):  # a _mean_std for a table: mean ± std (the std only over several seeds)
+    if d["mean"] is None:
+        return "n/a"
+    return f"{d['mean']:.4g}" + (f" ± {d['std']:.2g}" if d["n"] > 1 else "")
+
+def compare(results, out_dir, prefix, name):
+    """Runs of one kind grouped by n_lap (seeds pooled): final metric, ANOVA fractions and k_alpha as mean +- std
+    (unbiased) and the lists of the runs' metrics ("metrics", None left out) per group, and five figures against n_lap,
+    saved in out_dir as prefix + metric.png etc. (prefix may name a folder) and titled with name."""
+    kind, layer = results[0]["kind"], results[0]["settings"]["layer"]
+    where = "final norm" if layer == -1 else f"after block {layer}"
+    results = sorted(results, key=lambda r: (r["n_lap_mean"], r["n_lap_label"]))  # the groups in the order of n_lap
+    groups = {k: [r for r in results if r["n_lap_label"] == k] for k in dict.fromkeys(r["n_lap_label"] for r in results)}
+    order = list(groups)
+    xs = [g[0]["n_lap_mean"] for g in groups.values()]
+    xs = xs if len(set(xs)) == len(xs) else list(range(len(order)))  # two lists with one mean: side by side
+    n_head = max(r["n_head"] for r in results)
+    color = {k: analyze.pyplot().cm.viridis(groups[k][0]["n_lap_mean"] / n_head * 0.9) for k in order}
+    metric, better = analyze.FINAL_METRIC[kind]
+    parts = [k for k in analyze.FRACS if k in results[0]["anova"]]
+    table = [{"n_lap": k, "n_lap_mean": g[0]["n_lap_mean"], "runs": [r["run"] for r in g],
+              "seeds": [r["seed"] for r in g], metric: _mean_std(r["final_metric"]["value"] for r in g),
+              **{key: _mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
+                 for key in parts + [f"k_{a}" for a in analyze.ALPHAS]},
+              "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]},
+              "head_means": [analyze.head_means(r["heads"]) for r in g if "heads" in r]}
+             for k, g in groups.items()]
+    curves = [(f"n_lap={k}", color[k], {key: _mean_curve([r["layerwise"][key] for r in g])
+                                         for key in ("within_seq_frac", "cosine")}) for k, g in groups.items()]
+    spread = seeds_note([len(g["runs"]) for g in table])  # what the error bars stand for, in their figures' titles
+    bars, path = "\n(" + spread.replace("+-", "$\\pm$") + ")", os.path.join(out_dir, prefix)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    figs = [fig_errorbars(xs, order, [(None, [row[metric] for row in table])], f"final {metric} ({better} is better)",
+                          f"{name}: {metric} vs n_lap{bars}", path + "metric.png"),
+            analyze.fig_anova([{k: row[k]["mean"] for k in parts} for row in table], order, parts,
+                              f"{name}: ANOVA, {where}" + (", next-token classes" if kind == "gpt" else ""),
+                              "Laplacian heads per layer", path + "anova.png"),
+            fig_errorbars(xs, order, [(f"$k_{{{a}}}$", [row[f"k_{a}"] for row in table]) for a in analyze.ALPHAS],
+                          "principal components needed", f"{name}: k_alpha of within-sequence centred tokens{bars}",
+                          path + "kalpha.png"),
+            analyze.fig_spectrum([(f"n_lap={k}", color[k], _mean_curve([r["spectrum"]["lambda_mean"] for r in g]))
+                          for k, g in groups.items()], f"{name}: mean spectra", path + "spectra.png"),
+            analyze.fig_collapse(curves, max((r["layerwise"]["layer"] for r in results), key=len),
+                         f"{name}: layerwise within-sequence collapse", path + "collapse.png")]
+    with_heads = [row for row in table if row["head_means"]]  # runs analysed before the per-head pass have none
+    if with_heads:
+        figs.append(fig_head_means(with_heads, color, f"{name}: per-head change of within-sequence variance{bars}",
+                                   path + "heads.png"))
+    differ = differing_settings([r["train_config"] for r in results])
+    if differ:
+        print(f"note: the {name} runs also differ in {', '.join(differ)}; the comparison groups them by n_lap only")
+    return {"name": name, "kind": kind, "where": where, "metric": metric, "groups": table, "differing_settings": differ,
+            "spread": spread, "figures": [os.path.join(os.path.dirname(prefix), f) for f in figs]}  # paths in out_dir
+
+def run_metrics(a, result, a_all=None):
+    """What a comparison tabulates of a run, from its analysis a, its RESULT line's values and (ViT, DINO) optionally
+    the analysis a_all of all its tokens: the end metrics (END_METRICS; analyze.FINAL_METRIC's from log.jsonl where
+    result lacks it), the ANOVA fractions (at the analysed layer) of the patch tokens (GPT: of next-token classes) and of all
+    tokens (with CLS), the within-sequence share after the last block, NC1 (ViT: of the pooled features), k_0.99; the
+    absolute within- and between-sequence parts after the last block and the within-sequence share under the other
+    views (AnovaViews); the mean rho of the Laplacian and of the attention heads over blocks. None where the analysis
+    predates a quantity."""
+    fm = a["final_metric"]
+    nc = a.get("nc", {})
+    kind = a["kind"]
+    ends = {fm["name"]: fm["value"], **{k: float(v) for k, v in result.items() if k in END_METRICS[kind]}}
+    m = {k: ends.get(k) for k in END_METRICS[kind]}
+    cls = "CLS" in a["settings"].get("tokens", "")  # a itself is of all tokens (--tokens=all)
+    sources = [("next-token", a)] if kind == "gpt" else [("patch", None if cls else a), ("all", a if cls else a_all)]
+    for label, b in sources:
+        fracs = analyze.FRACS[1:] if kind == "gpt" else analyze.FRACS[::2]
+        m.update({f"{f[:-5]} ({label})": b and b["anova"].get(f) for f in fracs})
+    m.update({"within_seq after last block": a["layerwise"]["within_seq_frac"][-2],  # [-1]: the final norm
+              "nc1": nc.get("nc1", nc.get("pooled", {}).get("nc1")), "k_0.99": a["spectrum"]["k_0.99"]})
+    views = a.get("anova_views", {})
+    last = views.get("last_block", {})
+    m["within_seq_var (last block)"] = last.get("within_seq_var")
+    m["between_seq_var (last block)"] = last["total_var"] - last["within_seq_var"] if last else None
+    for name in ("norm_without_affine", "classifier_rows", "classifier_complement"):
+        m[f"within_seq ({name.replace('_', ' ')})"] = views.get(name, {}).get("within_seq_frac")
+    means = analyze.head_means(a["heads"]) if "heads" in a else {"laplacian": [], "attention": []}
+    for kind, per_block in means.items():
+        rhos = [r for r in per_block if r is not None]
+        m[f"rho of {kind} heads (mean)"] = sum(rhos) / len(rhos) if rhos else None
+    return m
+
+def compare_summary(comparisons, intro):
+    """summary.md of compare()'s sets: the runs' metrics as mean ± std over seeds per n_lap, and the effect of the
+    largest n_lap against n_lap = 0."""
+    lines = ["# Comparison over n_lap", "", intro]
+    for c in comparisons:
+        groups = c["groups"]
+        g0 = c["groups"][0]
+        g1 = c["groups"][-1]
+        keys = [k for k in g0["values"] if any(g["values"][k] for g in groups)]
+        lines += ["", f"## {c['name']} ({c['kind']}, ANOVA at the {c['where']})", ""] + (
+            [f"Note: these runs also differ in {', '.join(c['differing_settings'])}.", ""] if c["differing_settings"] else [])
+        lines += [f"| n_lap | runs | {' | '.join(keys)} |", "|---" * (len(keys) + 2) + "|"]
+        lines += [f"| {g['n_lap']} | {len(g['runs'])} | " + " | ".join(_ms(_mean_std(g["values"][k])) for k in keys)
+                  + " |" for g in groups]
+        if len(groups) < 2 or g0["n_lap_mean"] != 0:
+            lines += ["", "No effect table: it needs runs with n_lap = 0 and with more Laplacian heads."]
+        else:
+            lines += ["", f"| n_lap = {g1['n_lap']} − n_lap = 0 | difference | std. error | sign | separated |",
+                      "|---" * 5 + "|"]
+            for k in [k for k in keys if g0["values"][k] and g1["values"][k]]:
+                diff, se, apart = effect(g0["values"][k], g1["values"][k])
+                sign = "+" if diff > 0 else "−" if diff < 0 else "0"
+                verdict = "n/a (one run)" if apart is None else "yes" if apart else "no"
+                lines.append(f"| {k} | {diff:+.4g} | {analyze.fmt(se, '.2g')} | {sign} | {verdict} |")
+            n0, n1 = len(g0["runs"]), len(g1["runs"])
+            lines += ["", f"difference = mean(n_lap = {g1['n_lap']}) − mean(n_lap = 0); std. error = sqrt(s0²/n0 + "
+                      "s1²/n1), s the unbiased std (n/a with one seed); separated = yes when every seed of one group "
+                      f"lies strictly beyond every seed of the other. With {n0} + {n1} seeds an exact permutation "
+                      f"test's smallest two-sided p is 2 / C({n0 + n1}, {n0}) = "
+                      f"{min(1, 2 / math.comb(n0 + n1, n0)):.2g}: 'separated' is the most these seeds can show."]
+        if len(groups) > 2:
+            lines += trend_lines(groups, keys)
+        if any(g["head_means"] for g in groups):  # the n_lap values with per-head numbers
+            lines += group_heads_lines([g for g in groups if g["head_means"]])
+        lines += ["", "Figures: " + ", ".join(c["figures"])]
+    return "\n".join(lines + [""])
+
+def trend_lines(groups, keys):  # summary.md: Spearman's trend over every n_lap value of a set
+    lines = ["", "| trend over all n_lap values | Spearman's rank correlation | permutation p | runs |", "|---|---|---|---|"]
+    for k in keys:
+        xs = [g["n_lap_mean"] for g in groups for _ in g["values"][k]]
+        ys = [v for g in groups for v in g["values"][k]]
+        if len(set(ys)) > 1 and len(set(xs)) > 1:
+            r, p = spearman_trend(xs, ys)
+            lines.append(f"| {k} | {r:+.3f} | {p:.4f} | {len(ys)} |")
+    return lines + ["", "Spearman's correlation of each metric with n_lap over every run of the set (ties: mean ranks); "
+                    "p: the share of 10,000 random pairings (seed 0) with at least the observed |correlation|."]
+
+def group_heads_lines(groups):  # summary.md: per n_lap and block, the mean rho of each kind of head over seeds
+    n_blocks = max(len(m["laplacian"]) for g in groups for m in g["head_means"])
+    lines = ["", "Per-head analysis: mean first-order change rho of the block input's within-sequence variance "
+             "(negative = the heads smooth), per block, mean ± std over seeds:", "",
+             "| n_lap | heads | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |", "|---" * (n_blocks + 2) + "|"]
+    for g in groups:
+        for kind in ("laplacian", "attention"):
+            per_block = [_mean_std([m[kind][l] for m in g["head_means"] if l < len(m[kind])]) for l in range(n_blocks)]
+            if any(s["mean"] is not None for s in per_block):
+                cells = ["n/a" if s["mean"] is None else f"{s['mean']:+.4f}" + (f" ± {s['std']:.4f}" if s["n"] > 1 else "")
+                         for s in per_block]
+                lines.append(f"| {g['n_lap']} | {kind} | " + " | ".join(cells) + " |")
+    return lines
+
+def _read_json(folder, name):  # folder/name as JSON, None without the file
+    path = os.path.join(folder, name)
+    return json.load(open(path)) if os.path.isfile(path) else None
+
+def collect_runs(root):
+    """{set: [run]} of the folders root/<set>/<run>/ with analysis.json and result.txt: a run is its analysis.json with
+    "run" = the folder and "metrics" = run_metrics() of it, its result.txt and analysis_all.json (all tokens)."""
+    if not os.path.isdir(root):
+        raise UsageError(f"--results={root}: no such folder; give the folder of results/sweep.sh's artefacts")
+    sets = {}
+    for d in sorted(os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(root), "*", "*", common.RESULT))):
+        a = _read_json(d, common.ANALYSIS)
+        if a is not None:
+            m = run_metrics(a, common.read_result(d), _read_json(d, "analysis_all.json"))
+            sets.setdefault(os.path.basename(os.path.dirname(d)), []).append(dict(a, run=d, metrics=m))
+    if not sets:
+        raise UsageError(f"--results={root}: no run folders <set>/<run>/ with analysis.json and result.txt; give the "
+                         f"folder of results/sweep.sh's artefacts once a run has been collected there")
+    return sets
+
+def write_report(root, dest, command):
+    """The sweep's report: compare() of each set of root/<set>/<run>/ (figures in dest/figures/<set>/), summary.md and
+    the headline figure, from the saved artefacts alone; its intro names the command that made it."""
+    collected, sets = collect_runs(root), {}
+    analyze.writable_out(dest)
+    for name, runs in collected.items():
+        cfg = runs[0]["train_config"]
+        sets[name] = dict(compare(runs, dest, os.path.join("figures", name, ""), name), config=cfg,
+                          label=f"{cfg['epochs']} epochs" if cfg.get("epochs") else name)
+    intro = (f"`{command}`: end metrics from each run's result.txt, the rest from its "
+             "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")
+    with common.atomic_write(os.path.join(dest, common.SUMMARY)) as f:
+        f.write(compare_summary(sets.values(), intro).encode())
+    headline = fig_headline(sets, os.path.join(dest, "figures", "headline.png"))
+    written = [f for c in sets.values() for f in c["figures"]] + [common.SUMMARY, os.path.join("figures", headline)]
+    print("\n".join(f"wrote {os.path.join(dest, f)}" for f in written))
+    common.write_result(dest, sets=",".join(sets), runs=sum(map(len, collected.values())), out=dest)
+
+def compare_runs(results, out):
+    """Several runs: the comparisons over n_lap of each kind with two or more runs, in out."""
+    groups = {kind: [r for r in results if r["kind"] == kind] for kind in sorted({r["kind"] for r in results})}
+    for kind in [kind for kind, group in groups.items() if len(group) < 2]:
+        print(f"only one {kind} run: no {kind} comparison")
+    for r in results:
+        r["metrics"] = run_metrics(r, common.read_result(r["run"]))
+    comparisons = [compare(group, out, f"compare_{kind}_", kind) for kind, group in groups.items() if len(group) > 1]
+    intro = ("End metrics from each run's result.txt (else its log.jsonl), the rest from its analysis; mean ± std "
+             "(unbiased) over seeds. Per-run analyses (analysis.json, summary.md, figures): "
+             + ", ".join(f"{os.path.basename(os.path.normpath(r['run']))}/" for r in results) + ".")
+    analyze.write_outputs({"runs": results, "comparisons": comparisons}, compare_summary(comparisons, intro), out)
+    print(f"wrote {out}: analysis.json, summary.md, " + ", ".join(f for c in comparisons for f in c["figures"]))
+    return comparisons
+
+def analysed_runs(folders):
+    """The analysis of each folder given: its analysis.json, or its analysis/analysis.json (analyze.py's default)."""
+    found = []
+    for folder in folders:
+        paths = [p for p in (os.path.join(folder, common.ANALYSIS), os.path.join(folder, "analysis", common.ANALYSIS))
+                 if os.path.isfile(p)]
+        analysis = _read_json(*os.path.split(paths[0])) if paths else None
+        if not analysis or analysis.get("kind") not in analyze.FINAL_METRIC:
+            raise UsageError(f"{folder}: no analysis.json of a run here (nor in {folder}/analysis/); analyse the run "
+                             f"first: python analyze.py {folder}")
+        found.append(analysis)
+    return found
+
+if __name__ == "__main__":
+    config, _ = common.configure(globals(), [a for a in sys.argv[1:] if a.startswith("-")])
+    folders = [a for a in sys.argv[1:] if not a.startswith("-")]
+    if folders:  # compare analysed runs
+        parent = os.path.commonpath([os.path.abspath(f) for f in folders])
+        dest = analyze.writable_out(out or (os.path.join(parent, "compare") if parent != os.getcwd() else "out-compare"))
+        comparisons = compare_runs(analysed_runs(folders), dest)
+        kinds = ",".join(c["kind"] for c in comparisons) or "none"
+        common.write_result(dest, runs=len(folders), out=dest, comparisons=kinds)
+    else:  # the sweep's report
+        default = results == os.path.dirname(os.path.abspath(__file__))
+        write_report(results, out or results, "python results/report.py" + ("" if default else f" --results={results}"))

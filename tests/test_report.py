@@ -1,0 +1,229 @@
+"""results/report.py: the statistics of a comparison against hand-computed answers, comparisons of runs that
+analyze.py analysed, the sweep's report from saved artefacts (and that the committed results/summary.md is exactly the
+report of the committed artefacts), the headline figure, and the layering of the whole repository."""
+
+import ast
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import analyze
+import report
+from common import UsageError
+from conftest import ROOT, result
+from test_analyze import FRACS, fashion_dir, make_run, run_analyze  # noqa: F401 (fashion_dir: a fixture)
+
+SCRIPT = os.path.join(ROOT, "results", "report.py")
+
+
+def run_report(*argv):
+    """`python results/report.py argv` in this process."""
+    import runpy
+    saved = sys.argv
+    sys.argv = [SCRIPT, *argv]
+    try:
+        return runpy.run_path(SCRIPT, run_name="__main__")
+    finally:
+        sys.argv = saved
+
+
+def test_effect_calls_nothing_separated_with_one_run_per_side():
+    assert report.effect([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])[2] is True
+    assert report.effect([0.1, 0.5, 0.3], [0.4, 0.2, 0.6])[2] is False
+    assert report.effect([0.1], [0.9]) == (pytest.approx(0.8), None, None)  # dino_scenes: one seed each
+
+
+def test_spearman_trend():
+    r, p = report.spearman_trend([0, 0, 0, 4, 4, 4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    assert r == pytest.approx(math.sqrt(27 / 35))  # ranks 1..6 against two tied groups: r = 0.878
+    assert p == pytest.approx(2 / math.comb(6, 3), abs=0.02)  # the two extreme splits of 20
+    r, p = report.spearman_trend([0, 1, 2, 3, 4], [5, 4, 3, 2, 1])
+    assert r == pytest.approx(-1.0) and p < 0.03  # 2 of 120 orderings are as extreme
+    assert report.spearman_trend([0, 1, 2, 3], [1, 3, 2, 4])[0] == pytest.approx(0.8)
+
+
+def test_seeds_note():
+    """What the error bars of a comparison stand for, from the number of runs behind each point."""
+    assert report.seeds_note([1, 1, 1]) == "1 seed per point, no spread"
+    assert report.seeds_note([3, 3]) == "mean +- std over 3 seeds per point"
+    assert report.seeds_note([2, 1, 3]) == "mean +- std over 1-3 seeds per point"
+
+
+@pytest.mark.slow
+def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
+    runs = [make_run(tmp_path / f"vit-k{k}-s{s}", "vit", n_lap=k, seed=s, metric=0.6 + 0.1 * k + 0.01 * s,
+                     dataset="fashion_mnist", data_dir=fashion_dir) for k, s in ((0, 0), (0, 1), (4, 0))]
+    runs.append(make_run(tmp_path / "vit-list", "vit", n_lap=[1, 3], dataset="fashion_mnist", data_dir=fashion_dir))
+    out = tmp_path / "cmp"
+    run_analyze(*runs, "--max_samples=20", "--batch_size=20", f"--out={out}")
+    assert "compare them: python results/report.py " in capsys.readouterr().out
+    run_report(*[str(out / os.path.basename(r)) for r in runs], f"--out={out}")
+    figs = [f"compare_vit_{n}.png" for n in ("metric", "anova", "kalpha", "spectra", "collapse", "heads")]
+    for f in figs:
+        assert os.path.getsize(out / f) > 1000
+    for r in runs:  # one folder of per-run analyses each
+        assert os.path.isfile(out / os.path.basename(r) / "analysis.json")
+    res = json.loads((out / "analysis.json").read_text())
+    c = res["comparisons"][0]
+    assert c["kind"] == "vit" and c["figures"] == figs and len(res["runs"]) == 4
+    groups = {g["n_lap"]: g for g in c["groups"]}
+    assert list(groups) == ["0", "2 [1, 3]", "4"]  # ordered by the mean number of Laplacian heads
+    assert groups["0"]["val_acc"]["mean"] == pytest.approx(0.605) and groups["0"]["val_acc"]["n"] == 2
+    assert groups["0"]["val_acc"]["std"] == pytest.approx(np.std([0.6, 0.61], ddof=1))
+    assert groups["0"]["seeds"] == [0, 1] and c["differing_settings"] == []
+    assert groups["4"]["val_acc"] == {"mean": pytest.approx(1.0), "std": 0.0, "n": 1}
+    for g in groups.values():
+        assert sum(g[k]["mean"] for k in FRACS) == pytest.approx(1.0)
+    assert result(capsys.readouterr().out) == {"runs": "4", "comparisons": "vit", "out": str(out)}
+    md = (out / "summary.md").read_text()  # the table of the report: end metrics (here log.jsonl's), effect of n_lap
+    assert "## vit (vit, ANOVA at the final norm)" in md and "| 0 | 2 | 0.605 ± 0.0071 |" in md
+    assert "| val_acc | +0.395 | n/a | + | n/a (one run) |" in md and "Figures: " + ", ".join(figs) in md
+    assert c["spread"] == "mean +- std over 1-2 seeds per point" and c["groups"][0]["values"]["val_acc"] == [0.6, 0.61]
+    for f in ("compare_vit_metric.png", "compare_vit_kalpha.png"):
+        assert figure_texts[f]["titles"][0].endswith("\n(mean $\\pm$ std over 1-2 seeds per point)"), figure_texts[f]
+    one_seed = [make_run(tmp_path / f"one-k{k}", "vit", n_lap=k, dataset="fashion_mnist", data_dir=fashion_dir)
+                for k in (0, 4)]
+    run_analyze(*one_seed, "--max_samples=20", f"--out={tmp_path / 'cmp1'}")
+    run_report(*[str(tmp_path / "cmp1" / os.path.basename(r)) for r in one_seed], f"--out={tmp_path / 'cmp1'}")
+    assert figure_texts["compare_vit_metric.png"]["titles"][0] == "vit: val_acc vs n_lap\n(1 seed per point, no spread)"
+    # settings that differ besides n_lap and seed are reported; paths, seeds and keys not all runs record are not
+    configs = [dict(lr=1e-3, seed=0, out_dir="a", epochs=5), dict(lr=2e-3, seed=1, out_dir="b", epochs=5, extra=1)]
+    assert report.differing_settings(configs) == ["lr"]
+
+
+def fake_run(root, kind, n_lap, seed, result, frac, epochs=6, rho=None, set_name=None):
+    """A run folder of results/sweep.sh (epochs=18: of vit_long): result.txt, log.jsonl and an analysis.json with the
+    fields analyze.py writes (a 2-block model), its final-norm within_seq_frac (GPT: within_class_frac) = frac;
+    analysis_all.json with frac / 2 (ViT, DINO). rho: per block, every head's rho (else no per-head numbers, as
+    in a run analysed before the per-head pass). set_name: the run's set, if not kind (or vit_long)."""
+    d = root / (set_name or ("vit_long" if epochs == 18 else kind)) / f"k{n_lap}-s{seed}"
+    d.mkdir(parents=True)
+    def analysis(frac):
+        anova = ({"within_class_frac": frac, "between_class_frac": 1 - frac} if kind == "gpt" else
+                 {"within_seq_frac": frac, "within_class_frac": (1 - frac) / 4, "between_class_frac": 3 * (1 - frac) / 4})
+        nc = {"vit": {"pooled": {"nc1": 1.0 + n_lap + seed}}, "gpt": {"nc1": 2.0}, "dino": {}}[kind]
+        return dict(run=str(d), kind=kind, n_lap=n_lap, n_lap_mean=float(n_lap), n_lap_label=str(n_lap), n_head=4, seed=seed,
+                    step=10, final_metric={"name": analyze.FINAL_METRIC[kind][0], "value": 0.5, "step": 10},
+                    train_config=dict(seed=seed, n_lap=n_lap, epochs=epochs, out_dir=str(d)), settings={"layer": -1},
+                    anova=anova, nc=nc, spectrum={"lambda_mean": [4.0, 2.0, 1.0, 0.0], "k_0.9": 2.0, "k_0.99": 3.0 + seed},
+                    layerwise={"layer": ["1", "2", "norm"], "within_seq_frac": [0.9, 0.8 - n_lap / 10, frac],
+                               "cosine": [0.1, 0.2, 0.3]},
+                    **({} if rho is None else {"heads": {"graph": "attention", "layers": [
+                        {"block": l + 1, "rho": [r] * 4, "laplacian": [h >= 4 - n_lap for h in range(4)]}
+                        for l, r in enumerate(rho)]}}))
+    (d / "analysis.json").write_text(json.dumps(analysis(frac)))
+    if kind != "gpt":
+        (d / "analysis_all.json").write_text(json.dumps(analysis(frac / 2)))
+    (d / "log.jsonl").write_text(json.dumps({"step": 10, **result}) + "\n")
+    (d / "result.txt").write_text("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()) + f" n_lap={n_lap}\n")
+
+
+@pytest.mark.slow  # ten seconds: every figure of four sets
+def test_report_from_saved_artefacts(tmp_path):
+    """the report as a user runs it: summary.md's mean +- std and effect table (one metric separated, one overlapping),
+    the figures; a folder without runs is a one-line error."""
+    root = tmp_path / "results"
+    vit = {0: ([0.80, 0.82], [0.50, 0.40], [0.30, 0.34]), 4: ([0.85, 0.86], [0.45, 0.42], [0.20, 0.22])}
+    for k, (acc, loss, frac) in vit.items():  # val_acc separated (+), val_loss overlapping (-)
+        for s in (0, 1):
+            fake_run(root, "vit", k, s, dict(val_acc=acc[s], val_loss=loss[s]), frac[s])
+            fake_run(root, "vit", k, s, dict(val_acc=acc[s] + 0.05, val_loss=loss[s]), frac[s], epochs=18)
+    for s, rho in ((0, [-0.1, -0.3]), (1, [-0.2, -0.5])):  # a set whose n_lap 4 runs alone have per-head numbers
+        fake_run(root, "vit", 0, s, dict(val_acc=0.8, val_loss=0.5), 0.3, set_name="vit_deep")
+        fake_run(root, "vit", 4, s, dict(val_acc=0.8, val_loss=0.5), 0.2, rho=rho, set_name="vit_deep")
+    for k, bpb in ((0, 2.2), (2, 2.1)):
+        fake_run(root, "gpt", k, 0, dict(val_loss=bpb / 1.4, val_bpb=bpb), 0.6)
+        fake_run(root, "dino", k, 0, dict(knn_acc=0.7, linear_acc=0.75, seg_miou=0.1), 0.5)
+    (root / "figures").mkdir()  # folders without runs are passed over
+    p = subprocess.run([sys.executable, SCRIPT, f"--results={root}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert result(p.stdout) == {"sets": "dino,gpt,vit,vit_deep,vit_long", "runs": "16", "out": str(root)}
+    figures = [f"figures/{s}/{f}.png" for s in ("dino", "gpt", "vit", "vit_deep", "vit_long")
+               for f in ("metric", "anova", "kalpha", "spectra", "collapse")]
+    figures += ["figures/vit_deep/heads.png", "figures/headline.png"]
+    for f in figures + ["summary.md"]:
+        assert f"wrote {root / f}" in p.stdout.splitlines() and os.path.getsize(root / f) > 500, f
+    md = (root / "summary.md").read_text()
+
+    def ms(v):
+        return f"{np.mean(v):.4g} ± {np.std(v, ddof=1):.2g}"
+
+    vit_md = md.split("## vit (")[1].split("## ")[0]
+    assert (f"| 0 | 2 | {ms(vit[0][0])} | {ms(vit[0][1])} | {ms(vit[0][2])} | " in vit_md and
+            f"| 4 | 2 | {ms(vit[4][0])} | {ms(vit[4][1])} | {ms(vit[4][2])} | " in vit_md)
+    se = [math.sqrt(np.var(vit[0][i], ddof=1) / 2 + np.var(vit[4][i], ddof=1) / 2) for i in (0, 1)]
+    assert f"| val_acc | +0.045 | {se[0]:.2g} | + | yes |" in vit_md
+    assert f"| val_loss | -0.015 | {se[1]:.2g} | − | no |" in vit_md  # 0.45, 0.42 lie inside 0.40-0.50
+    assert "| within_seq after last block | -0.4 | 0 | − | yes |" in vit_md
+    assert "2 + 2 seeds an exact permutation test's smallest two-sided p is 2 / C(4, 2) = 0.33" in vit_md
+    assert "Figures: " + ", ".join(f for f in figures if f.startswith("figures/vit/")) in vit_md
+    gpt_md = md.split("## gpt (")[1].split("## ")[0]
+    assert "| 0 | 1 | 2.2 | " in gpt_md and "within_class (next-token)" in gpt_md and "(patch)" not in gpt_md
+    assert "| val_bpb | -0.1 | n/a | − | n/a (one run) |" in gpt_md  # one seed each: no standard error, no separation
+    assert "nc1" not in md.split("## dino (")[1].split("## ")[0]  # no NC for DINO
+    deep_md = md.split("## vit_deep (")[1].split("## ")[0]  # the per-head table of the runs that have the numbers
+    assert "| 4 | laplacian | -0.1500 ± 0.0707 | -0.4000 ± 0.1414 |" in deep_md and "| 0 | attention |" not in deep_md
+    assert "Per-head analysis" not in vit_md
+    assert f"`python results/report.py --results={root}`: end metrics" in md  # the command that made it
+    # no runs, no folder, a folder without an analysis to compare: one-line errors
+    (tmp_path / "empty").mkdir()
+    p = subprocess.run([sys.executable, SCRIPT, "--results=empty"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("error: --results=empty: no run folders") and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    with pytest.raises(UsageError, match="no such folder"):
+        run_report(f"--results={tmp_path / 'typo'}")
+    with pytest.raises(UsageError, match="no analysis.json of a run here .* analyse the run first: python analyze.py"):
+        run_report(str(tmp_path / "empty"), str(root / "vit" / "k0-s0"))
+
+
+@pytest.mark.slow  # half a minute: every figure of the committed sets
+def test_committed_summary_is_the_report_of_the_committed_artefacts(tmp_path):
+    """results/summary.md, where RESULTS.md's tables come from, is exactly what the report makes of the committed run
+    folders: an artefact added or changed without regenerating the report fails here."""
+    p = subprocess.run([sys.executable, SCRIPT, f"--out={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    with open(os.path.join(ROOT, "results", "summary.md")) as f:
+        committed = f.read()
+    assert (tmp_path / "summary.md").read_text() == committed
+
+
+def test_headline_figure(tmp_path, figure_texts):
+    """A column per paradigm present (vit, gpt, dino order), the headline metric on top and the within-sequence share
+    (GPT: within-class share of next-token classes) below; a ViT set of the same recipe at another length is a series
+    labelled with its epochs; sets of other recipes (CLS pooling, DINO on the scenes) stay out."""
+    def group(k, n, values):
+        return dict(n_lap=str(k), n_lap_mean=float(k), runs=["run"] * n, values=values)
+
+    def vit(epochs, ks, pooling="mean"):
+        return dict(kind="vit", label=f"{epochs} epochs", config=dict(
+            dataset="fashion_mnist", epochs=epochs, pooling=pooling, seed=0), groups=[
+            group(k, 3, {"val_acc": [0.8 + k / 100] * 3, "within_seq (patch)": [0.3 - k / 50] * 3}) for k in ks])
+
+    gpt = dict(kind="gpt", label="gpt", config=dict(dataset="shakespeare_char"), groups=[
+        group(k, 1, {"val_bpb": [2.2 - k / 20], "within_class (next-token)": [0.7]}) for k in (0, 2)])
+
+    def dino(dataset):
+        return dict(kind="dino", label=dataset, config=dict(dataset=dataset), groups=[
+            group(k, 1, {"knn_acc": [0.7], "within_seq (patch)": [0.9]}) for k in (0, 4)])
+
+    report.fig_headline({"dino": dino("fashion_mnist"), "dino_scenes": dino("scenes"), "gpt": gpt,
+                          "vit": vit(6, (0, 2, 4)), "vit_amd": vit(6, (0, 4)), "vit_cls": vit(6, (0, 4), "cls"),
+                          "vit_long": vit(18, (0, 4))},
+                         str(tmp_path / "headline.png"))
+    t = figure_texts["headline.png"]
+    three, one = "(mean $\\pm$ std over 3 seeds per point)", "(1 seed per point, no spread)"
+    assert t["titles"] == [f"vit: val_acc (higher is better)\n{three}", f"gpt: val_bpb (lower is better)\n{one}",
+                           f"dino: knn_acc (higher is better)\n{one}",
+                           f"vit: within-sequence share of patch tokens\n{three}",
+                           f"gpt: within-class share of next-token classes\n{one}",
+                           f"dino: within-sequence share of patch tokens\n{one}"]
+    assert t["legend"] == ["6 epochs", "18 epochs"] * 2  # one series per length, in both panels; GPT, DINO: none
