@@ -11,7 +11,9 @@ n_lap value, the per-head means, and figures against n_lap. The sweep's report d
 (results/<set>/), writes summary.md, and draws the README's headline figure.
 """
 
+import fnmatch
 import glob
+import itertools
 import json
 import math
 import os
@@ -29,6 +31,9 @@ out = ""  # output folder; "" = the results folder itself (the sweep's report), 
 results = os.path.dirname(os.path.abspath(__file__))  # the sweep's folder of <set>/<run>/ artefacts (no runs given)
 
 # ---------------------------------------------------------------- constants
+# Runs record the machine they trained on (result.txt's machine=); for the sweep's runs made before they did, this
+# file of the results folder says which machine trained which run ("set/run" patterns), from the sessions' records
+MACHINES = "machines.json"
 # the end metrics of a run's result.txt; the first is the headline figure's
 END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
                "dino": ("knn_acc", "linear_acc", "seg_miou")}
@@ -66,6 +71,26 @@ def effect(v0, v1):
         return s1["mean"] - s0["mean"], None, None
     se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"])
     return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
+
+def permutation_p(pairs0, pairs1):
+    """Exact two-sided permutation p of the difference of means of two groups of (value, machine) pairs, with the labels
+    exchanged only between runs of one machine (floats differ between machines, so only those runs are exchangeable):
+    the share of all such relabelings whose |difference| reaches the observed one. 3 + 3 runs of one machine: at
+    least 2/20 = 0.10; a set that mixes machines as 1 + 1 and 2 + 2 runs: at least 2/12."""
+    machines = sorted({m for _, m in pairs0 + pairs1})
+    strata = []  # per machine: its values and how many of them are group 1's
+    for machine in machines:
+        values = [v for v, m in pairs0 + pairs1 if m == machine]
+        strata.append((values, sum(m == machine for _, m in pairs1)))
+    n0, n1 = len(pairs0), len(pairs1)
+    observed = abs(sum(v for v, _ in pairs1) / n1 - sum(v for v, _ in pairs0) / n0)
+    hits = total = 0
+    for choice in itertools.product(*[itertools.combinations(range(len(v)), k) for v, k in strata]):
+        ones = sum(v[i] for (v, _), picked in zip(strata, choice) for i in picked)
+        rest = sum(sum(v) for v, _ in strata) - ones
+        hits += abs(ones / n1 - rest / n0) >= observed - 1e-12 * max(1.0, observed)
+        total += 1
+    return hits / total
 
 def spearman_trend(xs, ys, samples=10_000, seed=0):
     """Spearman's rank correlation of ys against xs (ties share their mean rank) over all runs of a set, and its
@@ -178,7 +203,9 @@ def compare(results, out_dir, prefix, name):
               **{key: _mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
                  for key in parts + [f"k_{a}" for a in analyze.ALPHAS]},
               "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]},
-              "head_means": [analyze.head_means(r["heads"]) for r in g if "heads" in r]}
+              "head_means": [analyze.head_means(r["heads"]) for r in g if "heads" in r],
+              "heads": [r["heads"] for r in g if "heads" in r],
+              "machines": [r.get("machine", "unrecorded") for r in g], "run_metrics": [r["metrics"] for r in g]}
              for k, g in groups.items()]
     curves = [(f"n_lap={k}", color[k], {key: _mean_curve([r["layerwise"][key] for r in g])
                                          for key in ("within_seq_frac", "cosine")}) for k, g in groups.items()]
@@ -250,31 +277,74 @@ def compare_summary(comparisons, intro):
         keys = [k for k in g0["values"] if any(g["values"][k] for g in groups)]
         lines += ["", f"## {c['name']} ({c['kind']}, ANOVA at the {c['where']})", ""] + (
             [f"Note: these runs also differ in {', '.join(c['differing_settings'])}.", ""] if c["differing_settings"] else [])
+        lines += [machines_line(groups), ""]
         lines += [f"| n_lap | runs | {' | '.join(keys)} |", "|---" * (len(keys) + 2) + "|"]
         lines += [f"| {g['n_lap']} | {len(g['runs'])} | " + " | ".join(_ms(_mean_std(g["values"][k])) for k in keys)
                   + " |" for g in groups]
         if len(groups) < 2 or g0["n_lap_mean"] != 0:
             lines += ["", "No effect table: it needs runs with n_lap = 0 and with more Laplacian heads."]
         else:
-            lines += ["", f"| n_lap = {g1['n_lap']} − n_lap = 0 | difference | std. error | sign | separated |",
-                      "|---" * 5 + "|"]
+            lines += ["", f"| n_lap = {g1['n_lap']} − n_lap = 0 | difference | std. error | sign | separated | "
+                      "p (within machines) |", "|---" * 6 + "|"]
             for k in [k for k in keys if g0["values"][k] and g1["values"][k]]:
                 diff, se, apart = effect(g0["values"][k], g1["values"][k])
                 sign = "+" if diff > 0 else "−" if diff < 0 else "0"
                 verdict = "n/a (one run)" if apart is None else "yes" if apart else "no"
-                lines.append(f"| {k} | {diff:+.4g} | {analyze.fmt(se, '.2g')} | {sign} | {verdict} |")
+                p = permutation_p(_machine_pairs(g0, k), _machine_pairs(g1, k))
+                lines.append(f"| {k} | {diff:+.4g} | {analyze.fmt(se, '.2g')} | {sign} | {verdict} | {p:.3g} |")
             n0, n1 = len(g0["runs"]), len(g1["runs"])
             lines += ["", f"difference = mean(n_lap = {g1['n_lap']}) − mean(n_lap = 0); std. error = sqrt(s0²/n0 + "
                       "s1²/n1), s the unbiased std (n/a with one seed); separated = yes when every seed of one group "
                       f"lies strictly beyond every seed of the other. With {n0} + {n1} seeds an exact permutation "
                       f"test's smallest two-sided p is 2 / C({n0 + n1}, {n0}) = "
-                      f"{min(1, 2 / math.comb(n0 + n1, n0)):.2g}: 'separated' is the most these seeds can show."]
+                      f"{min(1, 2 / math.comb(n0 + n1, n0)):.2g}: 'separated' is the most these seeds can show. "
+                      "p (within machines): the exact permutation p of the difference, exchanging n_lap labels only "
+                      "between runs of one machine (permutation_p); where a set mixes machines, its floor is higher."]
         if len(groups) > 2:
             lines += trend_lines(groups, keys)
         if any(g["head_means"] for g in groups):  # the n_lap values with per-head numbers
             lines += group_heads_lines([g for g in groups if g["head_means"]])
+            lines += exact_change_lines([g for g in groups if g["heads"]])
         lines += ["", "Figures: " + ", ".join(c["figures"])]
     return "\n".join(lines + [""])
+
+def _machine_pairs(group, key):  # (value, machine) of the group's runs that have the metric
+    return [(m[key], machine) for m, machine in zip(group["run_metrics"], group["machines"]) if m[key] is not None]
+
+def machines_line(groups):  # summary.md: which machine trained which seeds of a set
+    seeds = {}
+    for g in groups:
+        for machine, seed in zip(g["machines"], g["seeds"]):
+            seeds.setdefault(machine, set()).add(seed)
+    return "Machines: " + "; ".join(f"{machine} (seeds {', '.join(map(str, sorted(s)))})" for machine, s in sorted(seeds.items()))
+
+def exact_change_lines(groups):
+    """summary.md: per n_lap and block, the exact relative change WSV(X + U) / WSV(X) - 1 of the block input's
+    within-sequence variance by one head alone (mean over its Laplacian, then its attention heads), by the attention
+    sublayer, by the MLP and by the whole block, mean ± std over seeds: beside the first-order rho above."""
+    n_blocks = max(len(h["layers"]) for g in groups for h in g["heads"])
+    lines = ["", "Exact change of the block input's within-sequence variance, WSV(X + U) / WSV(X) − 1, per block, "
+             "mean ± std over seeds:", "",
+             "| n_lap | update | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |", "|---" * (n_blocks + 2) + "|"]
+    for g in groups:
+        rows = {f"one {kind} head (mean)": [_head_exact(h, kind == "Laplacian") for h in g["heads"]]
+                for kind in ("Laplacian", "attention")}
+        for part, label in (("attention", "attention sublayer"), ("mlp", "MLP"), ("block_total", "block")):
+            rows[label] = [[layer[part]["exact"] for layer in h["layers"]] for h in g["heads"]]
+        for label, per_run in rows.items():
+            per_block = [_mean_std([r[l] for r in per_run if l < len(r) and r[l] is not None]) for l in range(n_blocks)]
+            if any(s["mean"] is not None for s in per_block):
+                cells = ["n/a" if s["mean"] is None else f"{s['mean']:+.4f}" + (f" ± {s['std']:.4f}" if s["n"] > 1 else "")
+                         for s in per_block]
+                lines.append(f"| {g['n_lap']} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+def _head_exact(heads, laplacian):  # per block, the mean exact change of one kind of head (None where a block has none)
+    means = []
+    for layer in heads["layers"]:
+        exact = [e for e, lap in zip(layer["exact"], layer["laplacian"]) if lap == laplacian and e is not None]
+        means.append(sum(exact) / len(exact) if exact else None)
+    return means
 
 def trend_lines(groups, keys):  # summary.md: Spearman's trend over every n_lap value of a set
     lines = ["", "| trend over all n_lap values | Spearman's rank correlation | permutation p | runs |", "|---|---|---|---|"]
@@ -311,15 +381,24 @@ def collect_runs(root):
     if not os.path.isdir(root):
         raise UsageError(f"--results={root}: no such folder; give the folder of results/sweep.sh's artefacts")
     sets = {}
+    recorded = (_read_json(root, MACHINES) or {}).get("machines", {})
     for d in sorted(os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(root), "*", "*", common.RESULT))):
         a = _read_json(d, common.ANALYSIS)
         if a is not None:
-            m = run_metrics(a, common.read_result(d), _read_json(d, "analysis_all.json"))
-            sets.setdefault(os.path.basename(os.path.dirname(d)), []).append(dict(a, run=d, metrics=m))
+            result = common.read_result(d)
+            m = run_metrics(a, result, _read_json(d, "analysis_all.json"))
+            name = os.path.relpath(d, root)
+            machine = result.get("machine") or recorded_machine(recorded, name)
+            sets.setdefault(os.path.dirname(name), []).append(dict(a, run=d, metrics=m, machine=machine))
     if not sets:
         raise UsageError(f"--results={root}: no run folders <set>/<run>/ with analysis.json and result.txt; give the "
                          f"folder of results/sweep.sh's artefacts once a run has been collected there")
     return sets
+
+def recorded_machine(recorded, name):
+    """The machine that trained the run `name` (set/run) by the results folder's machines.json, "unrecorded" if none."""
+    return next((machine for machine, patterns in recorded.items() if any(fnmatch.fnmatch(name, p) for p in patterns)),
+                "unrecorded")
 
 def write_report(root, dest, command):
     """The sweep's report: compare() of each set of root/<set>/<run>/ (figures in dest/figures/<set>/), summary.md and
@@ -337,7 +416,7 @@ def write_report(root, dest, command):
     headline = fig_headline(sets, os.path.join(dest, "figures", "headline.png"))
     written = [f for c in sets.values() for f in c["figures"]] + [common.SUMMARY, os.path.join("figures", headline)]
     print("\n".join(f"wrote {os.path.join(dest, f)}" for f in written))
-    common.write_result(dest, sets=",".join(sets), runs=sum(map(len, collected.values())), out=dest)
+    common.write_result(dest, sets=",".join(sets), runs=sum(map(len, collected.values())), out=os.path.relpath(dest))
 
 def compare_runs(results, out):
     """Several runs: the comparisons over n_lap of each kind with two or more runs, in out."""
@@ -345,7 +424,9 @@ def compare_runs(results, out):
     for kind in [kind for kind, group in groups.items() if len(group) < 2]:
         print(f"only one {kind} run: no {kind} comparison")
     for r in results:
-        r["metrics"] = run_metrics(r, common.read_result(r["run"]))
+        result = common.read_result(r["run"])
+        r["metrics"] = run_metrics(r, result)
+        r["machine"] = result.get("machine", "unrecorded")
     comparisons = [compare(group, out, f"compare_{kind}_", kind) for kind, group in groups.items() if len(group) > 1]
     intro = ("End metrics from each run's result.txt (else its log.jsonl), the rest from its analysis; mean ± std "
              "(unbiased) over seeds. Per-run analyses (analysis.json, summary.md, figures): "

@@ -33,6 +33,36 @@ def run_report(*argv):
         sys.argv = saved
 
 
+def test_permutation_p_exchanges_labels_only_within_a_machine():
+    """by hand: 3 + 3 separated runs of one machine: 2 of C(6, 3) = 20 labelings are as extreme; the same runs with
+    seed 0 on another machine (1 + 1 and 2 + 2): 2 of 2 x C(4, 2) = 12; one machine per seed (1 + 1 each): 2 of 8."""
+    v0, v1 = [0.1, 0.2, 0.3], [0.4, 0.5, 0.6]
+    assert report.permutation_p([(v, "A") for v in v0], [(v, "A") for v in v1]) == pytest.approx(2 / 20)
+    mixed = ["X", "A", "A"]  # seed 0 on machine X, seeds 1-2 on A
+    assert report.permutation_p(list(zip(v0, mixed)), list(zip(v1, mixed))) == pytest.approx(2 / 12)
+    assert report.permutation_p(list(zip(v0, "XYZ")), list(zip(v1, "XYZ"))) == pytest.approx(2 / 8)
+    # overlapping groups: the observed |difference| 0.1 of [1, 2, 6] against [3, 4, 5] is reached by 18 of 20 labelings
+    ones, twos = [1.0, 2.0, 6.0], [3.0, 4.0, 5.0]
+    exact = sum(abs(sum(c) / 3 - (21 - sum(c)) / 3) >= 1 - 1e-9
+                for c in __import__("itertools").combinations(ones + twos, 3)) / 20
+    assert report.permutation_p([(v, "A") for v in ones], [(v, "A") for v in twos]) == pytest.approx(exact)
+
+
+def test_recorded_machine_reads_the_results_folders_record():
+    recorded = {"Intel_Xeon": ["vit/*", "vit_deit/k*-s0"], "AMD_EPYC": ["vit_deit/k*-s2"]}
+    assert report.recorded_machine(recorded, "vit/k3-s1") == "Intel_Xeon"
+    assert report.recorded_machine(recorded, "vit_deit/k4-s0") == "Intel_Xeon"
+    assert report.recorded_machine(recorded, "vit_deit/k4-s2") == "AMD_EPYC"
+    assert report.recorded_machine(recorded, "vit_deit/k4-s1") == "unrecorded"
+
+
+def test_every_committed_run_has_a_machine():
+    """each run in results/ names its machine: in its RESULT line, or in results/machines.json for the older ones"""
+    unknown = [name for name, runs in report.collect_runs(os.path.join(ROOT, "results")).items()
+               for r in runs if r["machine"] == "unrecorded"]
+    assert unknown == []
+
+
 def test_effect_calls_nothing_separated_with_one_run_per_side():
     assert report.effect([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])[2] is True
     assert report.effect([0.1, 0.5, 0.3], [0.4, 0.2, 0.6])[2] is False
