@@ -205,7 +205,8 @@ def compare(results, out_dir, prefix, name):
               "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]},
               "head_means": [analyze.head_means(r["heads"]) for r in g if "heads" in r],
               "heads": [r["heads"] for r in g if "heads" in r],
-              "machines": [r.get("machine", "unrecorded") for r in g], "run_metrics": [r["metrics"] for r in g]}
+              "machines": [r.get("machine", "unrecorded") for r in g], "run_metrics": [r["metrics"] for r in g],
+              "run_views": [_run_views(r) for r in g]}
              for k, g in groups.items()]
     curves = [(f"n_lap={k}", color[k], {key: _mean_curve([r["layerwise"][key] for r in g])
                                          for key in ("within_seq_frac", "cosine")}) for k, g in groups.items()]
@@ -305,6 +306,8 @@ def compare_summary(comparisons, intro):
         if any(g["head_means"] for g in groups):  # the n_lap values with per-head numbers
             lines += group_heads_lines([g for g in groups if g["head_means"]])
             lines += exact_change_lines([g for g in groups if g["heads"]])
+        if len(groups) > 1 and groups[0]["n_lap_mean"] == 0:
+            lines += paired_parts_lines(groups[0], groups[-1])
         lines += ["", "Figures: " + ", ".join(c["figures"])]
     return "\n".join(lines + [""])
 
@@ -338,6 +341,35 @@ def exact_change_lines(groups):
                          for s in per_block]
                 lines.append(f"| {g['n_lap']} | {label} | " + " | ".join(cells) + " |")
     return lines
+
+def paired_parts_lines(g0, g1):
+    """summary.md: seed by seed, the within-sequence variance and the between-sequence part of the tokens before the
+    final norm (after the last block) and after it, at n_lap = 0 and at the group g1's n_lap (runs with both views)."""
+    parts = {}
+    for g in (g0, g1):
+        for seed, m in zip(g["seeds"], g["run_views"]):
+            if m:
+                parts.setdefault(seed, {})[g["n_lap"]] = m
+    pairs = [(seed, p) for seed, p in sorted(parts.items()) if len(p) == 2]
+    if not pairs:
+        return []
+    lines = ["", f"Seed by seed, n_lap = 0 → {g1['n_lap']}: within-sequence variance and between-sequence part before "
+             "the final norm and after it:", "", "| seed | within, before | between, before | within, after | "
+             "between, after |", "|---" * 5 + "|"]
+    for seed, p in pairs:
+        a, b = p[g0["n_lap"]], p[g1["n_lap"]]
+        cells = [f"{a[view][part]:.4g} → {b[view][part]:.4g}" for view in ("last_block", "final_norm")
+                 for part in ("within", "between")]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    return lines
+
+def _run_views(a):  # the within-sequence variance and between-sequence part before and after the final norm
+    views = a.get("anova_views", {})
+    if "last_block" not in views or "final_norm" not in views:
+        return None
+    return {view: {"within": views[view]["within_seq_var"],
+                   "between": views[view]["total_var"] - views[view]["within_seq_var"]}
+            for view in ("last_block", "final_norm")}
 
 def _head_exact(heads, laplacian):  # per block, the mean exact change of one kind of head (None where a block has none)
     means = []

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The reproduction sweep behind RESULTS.md: every paradigm over n_lap (Laplacian heads per layer, of 4) and
 # seeds 0-2, then analyze.py on every run. Two single-threaded runs at a time (accuracy does not depend on
-# machine load); 131 runs of 4 to 36 ViT epochs, many hours on 2 cores. Checkpoints stay in out/sweep/; the small artefacts each run
+# machine load); 125 runs of 4 to 36 ViT epochs: the 107 collected by 2 December 2026 trained for 17.6 hours in all (their
+# RESULT lines' seconds), about 9 hours at two at a time, analyses not counted. Checkpoints stay in out/sweep/; the small artefacts each run
 # keeps (log.jsonl, result.txt, analysis.json for patch tokens and analysis_all.json with the CLS token) are
 # copied to results/<set>/k<n_lap>-s<seed>/ (set: a job's fourth word, else its kind: vit, gpt, dino). A run
 # collected with its per-head analysis is skipped, so an interrupted sweep continues where it stopped.
@@ -21,7 +22,7 @@
 #     ANALYZE_ONLY=1 bash results/sweep.sh  # analyse and collect the runs trained so far, train nothing
 #     OUT=elsewhere bash results/sweep.sh   # checkpoints under elsewhere/<set>/ instead of out/sweep/<set>/
 #
-# Lengths are shorter than the scripts' CPU defaults (the first sweep's 47 runs took two hours of a 2-core machine):
+# Lengths are shorter than the scripts' CPU defaults:
 # ViT 4 epochs (default 18), GPT 1000 steps (default 2000), DINO 1.5 epochs (default 6); the schedules are
 # compressed, not cut. The long ViT runs (n_lap 0 and 4, three seeds) train three times as long: 12 epochs;
 # vit_cls feeds the head the CLS token instead of the mean of the patch tokens (DeiT-III's choice).
@@ -60,12 +61,12 @@ run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, i
 export -f run
 
 jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every regime at the same seeds; then the rest
-    # What makes the paper's pattern appear with a CLS token: LayerScale, length, or both. Four sets, every run on
-    # one machine: CLS with and without LayerScale 1e-6, at 4 and at 12 epochs (vit_cls4 repeats vit_cls's command,
-    # vit_cls_ls12 vit_deit's)
+    # What makes the paper's pattern appear with a CLS token: LayerScale, length, or both. CLS with and without
+    # LayerScale 1e-6, at 4 and at 12 epochs, every run on one machine (the AMD EPYC of vit_cls_amd, which is the CLS
+    # set without LayerScale at 4 epochs: its seed 0 trained again there gave every digit of its log; vit_cls_ls12
+    # repeats vit_deit's command)
     for s in 0 1 2; do
         for k in 0 4; do echo "vit $k $s vit_cls_ls4 --pooling=cls --layerscale=1e-6"; done
-        for k in 0 4; do echo "vit $k $s vit_cls4 --pooling=cls"; done
         for k in 0 4; do echo "vit $k $s vit_cls12 --pooling=cls --epochs=12"; done
         for k in 0 4; do echo "vit $k $s vit_cls_ls12 --pooling=cls --layerscale=1e-6 --epochs=12"; done
     done
@@ -84,7 +85,7 @@ jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every 
     for k in 0 4; do echo "vit $k 2 vit_amd"; done
     for s in 1 2; do for k in 0 4; do echo "gpt $k $s gpt_amd"; done; done
     for s in 0 1 2; do for k in 0 4; do echo "dino $k $s dino_amd"; done; done
-    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_cls_amd --pooling=cls"; done; done
+    for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_cls_amd --pooling=cls"; done; done  # also: CLS without LayerScale, 4 epochs
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_long --epochs=12"; done; done  # three times as long
     for s in 0 1 2; do for k in 0 4; do echo "vit $k $s vit_longer --epochs=36"; done; done  # nine times
     for s in 0 1 2; do for k in 0 4; do echo "dino $k $s"; done; done
