@@ -204,7 +204,7 @@ def compare(results, out_dir, prefix, name):
                  for key in parts + [f"k_{a}" for a in analyze.ALPHAS]},
               "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]},
               "head_means": [analyze.head_means(r["heads"]) for r in g if "heads" in r],
-              "heads": [r["heads"] for r in g if "heads" in r],
+              "heads": [r["heads"] for r in g if "heads" in r and all("exact" in l for l in r["heads"]["layers"])],
               "machines": [r.get("machine", "unrecorded") for r in g], "run_metrics": [r["metrics"] for r in g],
               "run_views": [_run_views(r) for r in g]}
              for k, g in groups.items()]
@@ -305,7 +305,8 @@ def compare_summary(comparisons, intro):
             lines += trend_lines(groups, keys)
         if any(g["head_means"] for g in groups):  # the n_lap values with per-head numbers
             lines += group_heads_lines([g for g in groups if g["head_means"]])
-            lines += exact_change_lines([g for g in groups if g["heads"]])
+            if any(g["heads"] for g in groups):  # per-head analyses that hold the exact changes
+                lines += exact_change_lines([g for g in groups if g["heads"]])
         if len(groups) > 1 and groups[0]["n_lap_mean"] == 0:
             lines += paired_parts_lines(groups[0], groups[-1])
         lines += ["", "Figures: " + ", ".join(c["figures"])]

@@ -174,7 +174,7 @@ def test_report_from_saved_artefacts(tmp_path):
     p = subprocess.run([sys.executable, SCRIPT, f"--results={root}"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert result(p.stdout) == {"sets": "dino,gpt,vit,vit_deep,vit_long", "runs": "16", "out": str(root)}
+    assert result(p.stdout) == {"sets": "dino,gpt,vit,vit_deep,vit_long", "runs": "16", "out": "results"}  # relative
     figures = [f"figures/{s}/{f}.png" for s in ("dino", "gpt", "vit", "vit_deep", "vit_long")
                for f in ("metric", "anova", "kalpha", "spectra", "collapse")]
     figures += ["figures/vit_deep/heads.png", "figures/headline.png"]
