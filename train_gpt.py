@@ -27,6 +27,7 @@ On a CPU without torchrun, cpu_procs single-threaded processes train data-parall
 global batch is batch_size * cpu_procs sequences (16); --cpu_procs=1 --batch_size=16 --eval_iters=20 is the same run.
 """
 
+import inspect
 import json
 import math
 import os
@@ -311,8 +312,10 @@ if __name__ == "__main__":
     model = torch.compile(raw_model) if compile_model else raw_model
     ddp_model = model
     if world > 1:
-        # broadcast_buffers=False: RoPE's cos/sin never change, so no broadcast (a wait) before every forward
-        ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, broadcast_buffers=False)
+        # no buffer broadcast (a wait) before every forward: RoPE's cos/sin never change. Newer torch names the
+        # option forward_sync_buffers and warns on the old broadcast_buffers
+        no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+        ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, **{no_sync: False})
     ctx, amp_dtype = common.autocast(run_device, dtype)
     peak = common.peak_flops(run_device)
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine

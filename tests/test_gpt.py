@@ -435,6 +435,7 @@ def test_torchrun_and_cpu_processes_match_one_process(data_dir, tmp_path):
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "4 x 32 tokens x 2 process(es) x 1 micro-step(s)" in ddp.stdout and ddp.stdout.count("RESULT") == 1
     assert "terminate called" not in ddp.stderr  # gloo's abort at exit (see test_teardown_leaves_after_the_last_collective)
+    assert "FutureWarning" not in ddp.stderr, ddp.stderr[-3000:]  # e.g. DDP's broadcast_buffers, deprecated in torch 2.14
     sums = param_checksums(ddp.stdout)
     assert len(sums) == 2 and len(set(sums.values())) == 1  # the ranks hold the same weights
     spawned = run(args + [f"--out_dir={tmp_path / 'procs'}", "--cpu_procs=2"])  # the same, without torchrun
