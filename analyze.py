@@ -3,6 +3,7 @@ Token geometry of nanolap checkpoints: the analyses of section 4 of Zhang & Papy
 Transformers by Smoothing Token Representations" (2026), defined precisely in the docstrings below.
 
     python analyze.py out/vit                                    # one run: writes out/vit/analysis/
+    python analyze.py out/x.pt                                   # a loose checkpoint: writes out/x-analysis/
     python analyze.py out/gpt --max_samples=200 --layer=2         # tokens after block 2 instead of the final norm
     python analyze.py out/vit-k0 out/vit-k4 --out=out/vit-cmp     # several runs: out/vit-cmp/vit-k0/, .../vit-k4/
 
@@ -786,10 +787,10 @@ def analyze_run(path, ckpt, out_dir, config, device):
     summary.md in out_dir. Returns the analysis (a dict, as analysis.json holds it)."""
     kind = ckpt["kind"]
     cfg = ckpt.get("config", {})
-    run_dir = os.path.dirname(path)
+    run_dir = os.path.dirname(path) if os.path.basename(path) == common.CHECKPOINT else path  # loose: no log of its own
     layer = config["layer"]
     where = "final norm" if layer == -1 else f"after block {layer}"  # the tokens analysed
-    name = os.path.basename(os.path.normpath(run_dir)) or run_dir
+    name = run_name(path)
     model = common.load_model(ckpt).to(device).eval()
     x_lap, label = lap_label(model.config.n_lap)
     res = {"run": run_dir, "kind": kind, "n_lap": model.config.n_lap, "n_lap_mean": x_lap, "n_lap_label": label,
@@ -850,14 +851,18 @@ def analyze_run(path, ckpt, out_dir, config, device):
 def is_run_path(arg):  # a positional argument naming a run: a folder, a .pt file, or a missing path (a mistyped run)
     return not arg.startswith("-") and (os.path.isdir(arg) or arg.endswith(".pt") or not os.path.exists(arg))
 
+def run_name(path):  # a run's ckpt.pt is named by its folder, a loose checkpoint (out/x.pt) by its stem
+    if os.path.basename(path) != common.CHECKPOINT:
+        return os.path.splitext(os.path.basename(path))[0]
+    return os.path.basename(os.path.normpath(os.path.dirname(path))) or os.path.dirname(path)
+
 def run_folders(ckpts, out):
     """The output folder of each run: out itself for one run, out/<run name> (made unique) for several."""
     if len(ckpts) == 1:
         return [out]
     folders = []
     for path, _ in ckpts:
-        run_dir = os.path.dirname(path)
-        name = os.path.basename(os.path.normpath(run_dir)) or run_dir
+        name = run_name(path)
         sub = next(s for s in [name] + [f"{name}-{n}" for n in range(2, len(ckpts) + 2)]
                    if os.path.join(out, s) not in folders)
         folders.append(os.path.join(out, sub))
@@ -872,6 +877,8 @@ if __name__ == "__main__":
         raise UsageError("--device=mps: the statistics need float64, which MPS lacks; use --device=cpu")
     parent = os.path.commonpath([os.path.abspath(os.path.dirname(p)) for p, _ in ckpts])
     default_out = os.path.join(parent, "analysis") if len(ckpts) == 1 or parent != os.getcwd() else "out-analysis"
+    if len(ckpts) == 1 and os.path.basename(ckpts[0][0]) != common.CHECKPOINT:  # a loose checkpoint: beside it
+        default_out = os.path.join(parent, run_name(ckpts[0][0]) + "-analysis")
     out_root = writable_out(out or default_out)
     print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in {**config, "device": run_device}.items()),
           flush=True)

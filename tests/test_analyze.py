@@ -10,6 +10,7 @@ import math
 import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -633,6 +634,17 @@ def test_end_to_end_gpt(tmp_path, capsys):
         text.load_windows(data_dir, "tiny", 4000, 5)
     with pytest.raises(UsageError, match="not prepared"):  # data.text's message for missing data
         run_analyze(make_run(tmp_path / "gpt2", "gpt", dataset="nowhere", data_dir=data_dir))
+
+
+def test_a_loose_checkpoint_is_analysed_beside_it_under_its_own_name(tmp_path, capsys, figure_texts):
+    """python analyze.py out/x.pt writes out/x-analysis/ and calls the run x (a run's ckpt.pt: RUN/analysis, RUN)."""
+    run = make_run(tmp_path / "gpt", "gpt", dataset="tiny", data_dir=tiny_token_data(tmp_path), block_size=32)
+    shutil.copy(os.path.join(run, "ckpt.pt"), tmp_path / "x.pt")
+    run_analyze(tmp_path / "x.pt", "--max_samples=8")
+    out = capsys.readouterr().out
+    assert result(out)["out"] == str(tmp_path / "x-analysis") and not (tmp_path / "analysis").exists()
+    assert "\nx: 8 sequences" in out and "x (gpt, n_lap=0)" in figure_texts["spectrum.png"]["titles"][0]
+    assert (tmp_path / "x-analysis" / "summary.md").read_text().startswith(f"# {tmp_path / 'x.pt'}: gpt, n_lap = 0")
 
 
 def test_end_to_end_dino(tmp_path, fashion_dir, capsys):
