@@ -3,6 +3,7 @@ Token geometry of nanolap checkpoints: the analyses of section 4 of Zhang & Papy
 Transformers by Smoothing Token Representations" (2026), defined precisely in the docstrings below.
 
     python analyze.py out/vit                                    # one run: writes out/vit/analysis/
+    python analyze.py out/x.pt                                   # a loose checkpoint: writes out/x-analysis/
     python analyze.py out/gpt --max_samples=200 --layer=2         # tokens after block 2 instead of the final norm
     python analyze.py out/vit-k0 out/vit-k4 --out=out/vit-cmp     # several runs: out/vit-cmp/vit-k0/, .../vit-k4/
 
@@ -521,10 +522,12 @@ LOOK_FOR = {  # the one line each figure carries: what to look for, and which wa
                 "predicts smoother with more Laplacian heads",
     "spectrum": "look for: a faster fall = fewer directions (smaller $k_{0.99}$); the paper predicts fewer with more "
                 "Laplacian heads",
-    "etf": "look for: Neural Collapse = three tight clusters at the triangle's vertices",
+    "etf": "look for: Neural Collapse (each class's features shrink to their class mean, and the three means spread out "
+           "evenly)\n= three tight clusters at the triangle's vertices",
     "pca": "look for: one colour per cluster = tokens grouped by class",
     "pca_maps": "look for: one object in one colour; the paper predicts cleaner object segments with more Laplacian heads",
-    "heads": "look for: a diffusion step smooths (blue, negative); the paper's reading predicts blue Laplacian heads",
+    "heads": "first order throughout: a block's $\\rho_h$ add up to its attention bar (exact changes: summary.md)\n"
+             "look for: a diffusion step smooths (blue, negative); the paper's reading predicts blue Laplacian heads",
 }
 
 def fig_anova(rows, labels, keys, title, xlabel, path):  # stacked bars: rows[i][key] for each key, one bar per label
@@ -566,7 +569,8 @@ def fig_spectrum(curves, title, path, spec=None):  # curves: [(label, colour, la
         ax.fill_between(j, (mean - std).clamp(min=mean.min().item() * 0.5), mean + std, alpha=0.25, color="C0",
                         label="band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)")
         for a, ls in zip(ALPHAS, ("--", ":")):
-            ax.axvline(spec[f"k_{a}"], color="k", ls=ls, lw=1, label=f"$k_{{{a}}}$ = {spec[f'k_{a}']:.1f}")
+            ax.axvline(spec[f"k_{a}"], color="k", ls=ls, lw=1, label=f"$k_{{{a}}}$ = {spec[f'k_{a}']:.1f}: the fewest "
+                       f"directions that hold {a:.0%} of\na sequence's variance (mean over sequences)")
     ax.set(xscale="log", yscale="log", xlabel="principal direction j of a sequence's centred tokens",
            ylabel="variance along it ($\\lambda_j$)", title=title)
     ax.legend(fontsize=7)
@@ -582,7 +586,7 @@ def fig_scatter(panels, names, classes, title, path, axes_labels, look_for):  # 
         for k, c in enumerate(classes):
             ax.scatter(xy[y == c, 0], xy[y == c, 1], s=5, alpha=0.6, color=plt.cm.tab10(k),
                        label=names[c] if names else str(c))
-        ax.set(title="\n".join(textwrap.wrap(sub, 34)), xlabel=axes_labels[0], ylabel=axes_labels[1],
+        ax.set(title=sub if "\n" in sub else "\n".join(textwrap.wrap(sub, 34)), xlabel=axes_labels[0], ylabel=axes_labels[1],
                aspect="auto" if tri is None else "equal")
         ax.legend(fontsize=7, markerscale=3, loc="upper left", bbox_to_anchor=(1.0, 1.0) if tri is None else None)
     fig.suptitle(f"{title}\n{look_for}", fontsize=9)
@@ -601,7 +605,7 @@ def fig_pca(kept, labels, names, where, title, path):  # kept (n, T, d); the ten
 
 def fig_heads(heads, title, path):
     """Left: rho_h of every head (rows) in every block (columns), diverging colours centred on 0, Laplacian heads
-    marked L; right: the exact change of the within-sequence variance by the attention sublayer, the MLP and the block."""
+    marked L; right: the same first-order change by the attention sublayer (its heads' sum), the MLP and the block."""
     plt = pyplot()
     layers = heads["layers"]
     rho = torch.tensor([[math.nan if r is None else r for r in layer["rho"]] for layer in layers]).T  # (H, L)
@@ -618,11 +622,11 @@ def fig_heads(heads, title, path):
     fig.colorbar(image, ax=ax, label="blue: smooths, red: sharpens")
     width = 0.27
     for k, (part, color) in enumerate((("attention", "#4c72b0"), ("mlp", "#dd8452"), ("block_total", "#55a868"))):
-        values = [layer[part]["exact"] or 0.0 for layer in layers]
+        values = [layer[part]["rho"] or 0.0 for layer in layers]
         bars.bar([l + (k - 1) * width for l in range(L)], values, width, color=color, label=part.replace("_total", ""))
     bars.axhline(0, color="k", lw=0.8)
-    bars.set(xticks=range(L), xticklabels=[str(layer["block"]) for layer in layers], xlabel="block",
-             ylabel="exact relative change of\nwithin-sequence variance", title="sublayers (negative: smoother)")
+    bars.set(xticks=range(L), xticklabels=[str(layer["block"]) for layer in layers], xlabel="block", ylabel="first-order "
+             "change $\\rho$ of\nwithin-sequence variance", title="sublayers (negative: smoother)")
     bars.legend(fontsize=7)
     fig.suptitle(f"{title}\n{LOOK_FOR['heads']}", fontsize=8)
     return save_figure(fig, path)
@@ -650,7 +654,7 @@ def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
     res["nc"] = {k: dict(features=f"{sub}, final norm", **neural_collapse(extra[k], y, W, b)) for k, sub in feats.items()}
     W3, m = W[classes], torch.isin(y, torch.tensor(classes))
     res["etf"], panels = {"classes": classes, "classifier_rows_2d": etf_projection(W3, W3, W3.mean(0)).tolist()}, []
-    tokens = f"tokens = {extra['tokens'].shape[1]} of the {res['settings']['tokens']} of each image"
+    tokens = f"tokens = {extra['tokens'].shape[1]} per image ({res['settings']['tokens']})"
     for key, sub in [*feats.items(), ("tokens", tokens)]:
         x, yy = extra[key][m].flatten(0, -2), y[m].repeat_interleave(extra[key].shape[1] if key == "tokens" else 1)
         xy = etf_projection(W3, x, torch.stack([x[yy == c].mean(0) for c in classes]).mean(0))
@@ -659,10 +663,10 @@ def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
         at = (yy[:, None] == torch.tensor(classes)).double() @ TRIANGLE.T  # (n, 2): each point's class vertex at radius 1
         # vertex_dist: the mean distance of the points to their class's vertex, in vertex radii (0: on the vertices)
         res["etf"][key] = {"class_means_2d": means.tolist(), "vertex_dist": (xy / r - at).norm(dim=1).mean().item()}
-        panels.append((sub, xy, yy, TRIANGLE.T * r))
-    return [fig_scatter(panels, names, classes, title + "\n(triangle: classifier directions, vertices scaled to the "
-                        "mean class radius)", os.path.join(out_dir, "etf.png"),
-                        ("simplex direction 1 (A Q h)", "simplex direction 2"), LOOK_FOR["etf"])]
+        panels.append((sub.replace(" = ", " =\n", 1), xy, yy, TRIANGLE.T * r))  # the name, then what it is
+    return [fig_scatter(panels, names, classes, title + "\neach point: an image's features (tokens: a token's), seen in the "
+                        "plane of the three classes' classifier rows\n(triangle: those rows' directions, scaled to the mean class radius)",
+                        os.path.join(out_dir, "etf.png"), ("first axis of that plane", "second axis"), LOOK_FOR["etf"])]
 
 def final_metric(run_dir, kind):  # the last value of the run's headline metric in log.jsonl
     key = FINAL_METRIC[kind][0]
@@ -786,10 +790,10 @@ def analyze_run(path, ckpt, out_dir, config, device):
     summary.md in out_dir. Returns the analysis (a dict, as analysis.json holds it)."""
     kind = ckpt["kind"]
     cfg = ckpt.get("config", {})
-    run_dir = os.path.dirname(path)
+    run_dir = os.path.dirname(path) if os.path.basename(path) == common.CHECKPOINT else path  # loose: no log of its own
     layer = config["layer"]
     where = "final norm" if layer == -1 else f"after block {layer}"  # the tokens analysed
-    name = os.path.basename(os.path.normpath(run_dir)) or run_dir
+    name = run_name(path)
     model = common.load_model(ckpt).to(device).eval()
     x_lap, label = lap_label(model.config.n_lap)
     res = {"run": run_dir, "kind": kind, "n_lap": model.config.n_lap, "n_lap_mean": x_lap, "n_lap_label": label,
@@ -850,14 +854,18 @@ def analyze_run(path, ckpt, out_dir, config, device):
 def is_run_path(arg):  # a positional argument naming a run: a folder, a .pt file, or a missing path (a mistyped run)
     return not arg.startswith("-") and (os.path.isdir(arg) or arg.endswith(".pt") or not os.path.exists(arg))
 
+def run_name(path):  # a run's ckpt.pt is named by its folder, a loose checkpoint (out/x.pt) by its stem
+    if os.path.basename(path) != common.CHECKPOINT:
+        return os.path.splitext(os.path.basename(path))[0]
+    return os.path.basename(os.path.normpath(os.path.dirname(path))) or os.path.dirname(path)
+
 def run_folders(ckpts, out):
     """The output folder of each run: out itself for one run, out/<run name> (made unique) for several."""
     if len(ckpts) == 1:
         return [out]
     folders = []
     for path, _ in ckpts:
-        run_dir = os.path.dirname(path)
-        name = os.path.basename(os.path.normpath(run_dir)) or run_dir
+        name = run_name(path)
         sub = next(s for s in [name] + [f"{name}-{n}" for n in range(2, len(ckpts) + 2)]
                    if os.path.join(out, s) not in folders)
         folders.append(os.path.join(out, sub))
@@ -872,6 +880,8 @@ if __name__ == "__main__":
         raise UsageError("--device=mps: the statistics need float64, which MPS lacks; use --device=cpu")
     parent = os.path.commonpath([os.path.abspath(os.path.dirname(p)) for p, _ in ckpts])
     default_out = os.path.join(parent, "analysis") if len(ckpts) == 1 or parent != os.getcwd() else "out-analysis"
+    if len(ckpts) == 1 and os.path.basename(ckpts[0][0]) != common.CHECKPOINT:  # a loose checkpoint: beside it
+        default_out = os.path.join(parent, run_name(ckpts[0][0]) + "-analysis")
     out_root = writable_out(out or default_out)
     print("analyze.py settings: " + " ".join(f"{k}={v!r}" for k, v in {**config, "device": run_device}.items()),
           flush=True)

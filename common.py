@@ -6,6 +6,7 @@ The model itself is in nanolap.py; this file imports it only to build a model fr
 import ast
 import atexit
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -369,12 +370,36 @@ def atomic_write(path):
         if os.path.exists(tmp):
             os.remove(tmp)
 
+def content_checksum(obj):
+    """sha256 of a checkpoint's contents: every tensor's dtype, shape and bytes, and the rest (keys, numbers, text) by
+    repr, in order. Saved inside the checkpoint, it catches what torch.load does not: a flipped bit in the weights."""
+    h = hashlib.sha256()
+    def feed(x):
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(x, (dict, list, tuple)):
+            h.update(f"{type(x).__name__}{len(x)}".encode())
+            for key, value in x.items() if isinstance(x, dict) else enumerate(x):
+                h.update(repr(key).encode())
+                feed(value)
+        else:
+            h.update(repr(x).encode())
+    feed(obj)
+    return h.hexdigest()
+
 def save_checkpoint(obj, path):
     with atomic_write(path) as f:
-        torch.save(obj, f)
+        torch.save(dict(obj, checksum=content_checksum(obj)), f)
+
+def _damaged(path, context, reason):
+    return UsageError(f"{context}{path} cannot be read ({reason}): the file is damaged or truncated (an interrupted copy?)"
+                      + ("; restore it, or start afresh without --resume" if context.startswith("--resume") else "; restore it"))
 
 def load_checkpoint(path, context="", map_location="cpu"):
-    """torch.load with weights_only=True (tensors and plain data, never code), failing in one line."""
+    """torch.load with weights_only=True (tensors and plain data, never code), its checksum verified, failing in one line.
+    A checkpoint saved before checksums loads with a note."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{context}no checkpoint at {path}")
     try:
@@ -383,11 +408,14 @@ def load_checkpoint(path, context="", map_location="cpu"):
         if "Unsupported global" in str(e):
             raise UsageError(f"{context}{path} holds Python objects, which could run code: it is not loaded") from None
         reason = [line.strip() for line in str(e).split("WeightsUnpickler error:")[-1].splitlines() if line.strip()]
-        raise UsageError(f"{context}{path} cannot be read ({(reason or [type(e).__name__])[0].split('. ')[0][:100]}): the file "
-                         f"is damaged or truncated (an interrupted copy?)" + ("; restore it, or start afresh without --resume"
-                         if context.startswith("--resume") else "; restore it")) from None
+        raise _damaged(path, context, (reason or [type(e).__name__])[0].split('. ')[0][:100]) from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"{context}{path} is not a nanolap checkpoint (a dict of tensors and plain data)")
+    checksum = ckpt.pop("checksum", None)
+    if checksum is None:
+        print(f"note: {path} has no checksum (saved before nanolap wrote them): loaded without a check")
+    elif checksum != content_checksum(ckpt):
+        raise _damaged(path, context, "its contents do not match their checksum")
     return ckpt
 
 def load_model(path_or_ckpt, key="model", map_location="cpu"):

@@ -65,7 +65,7 @@ seed = 0  # initial weights, data order, crops and drop path all follow from it
 dataset = "fashion_mnist"  # fashion_mnist | cifar10 | cifar100 | scenes | synthetic | imagefolder (data_dir/train, /val)
 data_dir = "data"  # where the datasets live (downloads go here)
 train_subset = 0  # train on a fixed random subset of this many train images, for quick experiments; 0 = all
-num_workers = 8  # imagefolder: decoding processes; about the CPU cores per GPU
+num_workers = min(8, os.cpu_count() or 1)  # imagefolder: decoding processes; about the CPU cores per GPU
 imagefolder_base = 256  # imagefolder: images are resized to this square first, the canvas the crops are cut from
 # model: the preset, then these overrides (None = the preset's value)
 preset = "vit-cpu"  # a ViT preset: vit-cpu (4 layers, d 64, patch 7, 1 channel) trains on a laptop; vit-s is DINO's

@@ -27,6 +27,7 @@ On a CPU without torchrun, cpu_procs single-threaded processes train data-parall
 global batch is batch_size * cpu_procs sequences (16); --cpu_procs=1 --batch_size=16 --eval_iters=20 is the same run.
 """
 
+import inspect
 import json
 import math
 import os
@@ -311,11 +312,14 @@ if __name__ == "__main__":
     model = torch.compile(raw_model) if compile_model else raw_model
     ddp_model = model
     if world > 1:
-        # broadcast_buffers=False: RoPE's cos/sin never change, so no broadcast (a wait) before every forward
-        ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, broadcast_buffers=False)
+        # no buffer broadcast (a wait) before every forward: RoPE's cos/sin never change. Newer torch names the
+        # option forward_sync_buffers and warns on the old broadcast_buffers
+        no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+        ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, **{no_sync: False})
     ctx, amp_dtype = common.autocast(run_device, dtype)
     peak = common.peak_flops(run_device)
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
+    corpus = meta.get("corpus", "unknown")  # kept there too: losses on two corpora do not compare (prepare.py names it)
     flops_per_step = raw_model.flops_per_token(block_size) * total
     peak_lr = matrix_lr if optimizer_name == "muon" else lr
     schedule = (max_iters, warmup_iters, warmdown_frac, final_lr_frac)  # get_lr_multiplier(step, *schedule)
@@ -324,7 +328,7 @@ if __name__ == "__main__":
     ckpt_path = os.path.join(out_dir, common.CHECKPOINT)
     log_path = os.path.join(out_dir, common.LOG)
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
-    print0(f"data: {dataset} ({meta['tokenizer']} tokenizer, vocab {meta['vocab_size']}), "
+    print0(f"data: {dataset} (corpus {corpus}, {meta['tokenizer']} tokenizer, vocab {meta['vocab_size']}), "
            f"train {len(train_tokens):,} tokens, val {len(val_tokens):,}")
     print0(f"model: {preset}, {model_cfg.n_layer} layers, {model_cfg.n_head} heads, d={model_cfg.n_embd}, "
            f"Laplacian heads per layer {model_cfg.lap_schedule()}, {raw_model.num_params() / 1e6:.2f}M parameters "
@@ -364,7 +368,7 @@ if __name__ == "__main__":
                    f"train loss {metrics['train_loss']:.4f}")
             if master:
                 record = dict(step=step, **metrics, lr=peak_lr * get_lr_multiplier(step, *schedule), tokens=step * total)
-                record.update(seconds=round(time_before + time.time() - t0, 2), machine=machine)
+                record.update(seconds=round(time_before + time.time() - t0, 2), machine=machine, corpus=corpus)
                 common.append_jsonl(log_path, record)
         if master and step > start_step and (evaluating or stopped):
             common.save_checkpoint(dict(
@@ -436,6 +440,6 @@ if __name__ == "__main__":
             except UsageError as e:
                 print(f"no sample: {e}")
         common.write_result(out_dir, n_lap=model_cfg.n_lap, params=raw_model.num_params(), seed=seed,
-                             dataset=dataset, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
+                             dataset=dataset, corpus=corpus, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
                              val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine)
     common.teardown_distributed()

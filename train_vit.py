@@ -46,7 +46,7 @@ data_dir = "data"  # small datasets: data/<dataset>; imagefolder: the folder hol
 train_subset = 0  # train on N training images only (0 = all): smoke tests and quick recipe checks
 val_subset = 0  # evaluate on N validation images only (0 = all): faster evals, noisier numbers
 img_size = 0  # model resolution; 0 = the dataset's own (imagefolder: 224); small datasets are resized on the device
-num_workers = 8  # imagefolder: DataLoader processes per training process; raise it while data_wait is high
+num_workers = min(8, os.cpu_count() or 1)  # imagefolder: DataLoader processes per training process; raise it while data_wait is high
 # model (None = the preset's value)
 preset = "vit-cpu"  # vit-cpu (vit-tiny at d 64, patch 7: fast on a CPU) | vit-tiny | vit-small | vit-b (DeiT-III)
 n_lap = 4  # Laplacian heads per layer: 0..n_head, or a per-layer list like [0,2,4,4]; 0 = a plain ViT to compare

@@ -5,12 +5,14 @@ tokenizers, and what the text prepare scripts share (the Shakespeare corpus, wri
 Format (nanoGPT's, with JSON instead of pickle so that reading metadata never executes code):
     data/<name>/train.bin, val.bin   flat uint16 token ids
     data/<name>/meta.json            {"vocab_size", "tokenizer": "char" | "gpt2", "chars" (char),
-                                      "encoding", "eot_token" (gpt2), "token_bytes", "source", counts}
+                                      "encoding", "eot_token" (gpt2), "token_bytes", "source", "corpus"
+                                      (corpus_name), counts}
 token_bytes[i] is the UTF-8 length of token i (0 for special tokens such as <|endoftext|>): bits per
 byte weighs every predicted token by the bytes of text it stands for.
 """
 
 import glob
+import hashlib
 import json
 import math
 import os
@@ -242,6 +244,14 @@ def shakespeare_text(cache_path):
         with common.atomic_write(path) as f:
             f.write(content.encode("utf-8"))
     return text, source
+
+
+def corpus_name(corpus, source):
+    """A corpus's short name for meta.json and a GPT run's RESULT line: where it came from and the first 8 hex digits
+    of its sha256, e.g. gutenberg-1a2b3c4d. tinyshakespeare and the Gutenberg texts give losses that do not compare."""
+    origin = {"tinyshakespeare": "tinyshakespeare", "Project Gutenberg": "gutenberg"}
+    kind = next((name for start, name in origin.items() if source.startswith(start)), "file")
+    return f"{kind}-{hashlib.sha256(corpus.encode('utf-8')).hexdigest()[:8]}"
 
 
 def read_input(path):

@@ -4,10 +4,12 @@ The checks of the nanolap exercises (exercises/README.md), one command per exerc
     python exercises/check.py 2                  # checks your exercises/ex2_laplacian_head.py
     python exercises/check.py 2 --solution       # checks the reference, exercises/solutions/ex2_laplacian_head.py
     python exercises/check.py 4 --depth=48       # options go after the number (--key=value); --help lists them
+    python exercises/check.py --students-copy DIR    # instructors: the repository without solutions/ and INSTRUCTOR.md
 
 Exercises that ask for code (1, 2, 3, 4, 6, 7) end in PASS or FAIL (exit status 0 or 1). The experiments (5, 8)
 read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is
-part of the exercise.
+part of the exercise. It compares your code with nanolap.py, with analyze.py's numbers, or with values the
+reference solutions gave on fixed inputs (exercises/expected.json): it holds no answer.
 """
 
 import ast
@@ -17,6 +19,8 @@ import inspect
 import json
 import math
 import os
+import shutil
+import subprocess
 import sys
 import textwrap
 import time
@@ -48,13 +52,31 @@ OPTIONS = {  # each exercise's options (--key=value after the number) and their 
 }
 
 
+EXPECTED = os.path.join(HERE, "expected.json")  # fixed inputs and what the reference solutions return for them
+
+
 def load(number, solution=False):
     """The student's exercise file (or with solution=True the reference) as a module."""
-    path = os.path.join(HERE, "solutions" if solution else "", FILES[number])
-    spec = importlib.util.spec_from_file_location(f"ex{number}{'_solution' if solution else ''}", path)
+    if solution and not os.path.isdir(os.path.join(HERE, "solutions")):
+        raise common.UsageError(f"--solution: this copy has no exercises/solutions/ (a students' copy); check your own "
+                                f"file: python exercises/check.py {number}")
+    return load_file(os.path.join(HERE, "solutions" if solution else "", FILES[number]))
+
+
+def load_file(path):
+    """A Python file as a module."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def expected(number):
+    """Exercise `number`'s cases in exercises/expected.json: inputs as nested lists (made tensors here) and the
+    reference solution's outputs for them."""
+    with open(EXPECTED) as f:
+        cases = json.load(f)[str(number)]
+    return [dict(case, h=torch.tensor(case["h"], dtype=torch.float32)) for case in cases]
 
 
 def expect(ok, what):
@@ -176,22 +198,11 @@ def collapse_curve(frac, n_lap, residual, depth, n_seq, seq_len, n_embd, n_head,
     return curve
 
 
-def reference_within_seq_frac(h):
-    """The checker's own WithinSeqVar / TotalVar of h (N, T, d), as analyze.py's ANOVA defines it."""
-    h = h.double()
-    within = (h - h.mean(1, keepdim=True)).square().sum()
-    total = (h - h.mean((0, 1))).square().sum()
-    return (within / total).item()
-
-
 def check_4(ex, depth, n_seq, seq_len, n_embd, n_head, out, figure, seed):
-    g = torch.Generator().manual_seed(seed)
-    x, ok = torch.randn(8, 10, 6, generator=g), True
-    cases = {"random tokens": x, "shifted sequences": x + 5 * torch.randn(8, 1, 6, generator=g),
-             "identical tokens in each sequence": torch.randn(8, 1, 6, generator=g).expand(8, 10, 6)}
-    for name, h in cases.items():
-        want, got = reference_within_seq_frac(h), ex.within_seq_frac(h)
-        ok &= expect(abs(want - got) < 1e-9, f"{name}: within_seq_frac {got:.6f}, the checker's says {want:.6f}")
+    ok = True
+    for case in expected(4):  # the reference solution's values on fixed tokens
+        want, got = case["within_seq_frac"], ex.within_seq_frac(case["h"])
+        ok &= expect(abs(want - got) < 1e-9, f"{case['name']}: within_seq_frac {got:.6f}, the reference's {want:.6f}")
     if not ok:
         return False
     sizes = dict(depth=depth, n_seq=n_seq, seq_len=seq_len, n_embd=n_embd, n_head=n_head, seed=seed)
@@ -214,10 +225,15 @@ def plot_curves(curves, n_head, n_embd, path):
     matplotlib.use("Agg")  # files only, no window
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (n_lap, res), curve in curves.items():
-        ax.semilogy(curve, ("C1" if n_lap else "C0") + ("--" if res else "-"),
-                    label=f"{'Laplacian' if n_lap else 'attention'} heads{', residual' if res else ''}")
-    ax.set(xlabel="layers", ylabel="WithinSeqVar / TotalVar", title=f"{n_head} heads, width {n_embd}, random weights")
+    for (n_lap, res), curve in curves.items():  # markers tell apart the curves that lie on top of each other
+        ax.semilogy(curve, ("C1" if n_lap else "C0") + ("--" if res else "-"), marker="x" if res else "o",
+                    markersize=7 if res else 4, markevery=max(1, len(curve) // 12), fillstyle="none" if res else "full",
+                    label=f"{'Laplacian' if n_lap else 'attention'} heads, {'x + attn(x)' if res else 'attn(x)'}")
+    depth = max(len(curve) for curve in curves.values()) - 1
+    ax.annotate("both Laplacian stacks stay near 1", (depth, 1.0), xytext=(0, -14), textcoords="offset points",
+                ha="right", va="top", color="C1")
+    ax.set(xlabel="layer L (0: the random input tokens)", ylabel="WithinSeqVar / TotalVar",
+           title=f"{n_head} heads, width {n_embd}, random weights")
     ax.legend()
     ax.grid(alpha=0.3)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -282,16 +298,22 @@ def check_gates(ex, seed):
                 err = (gated(x, rope) - plain(x, rope)).abs().max().item()
             ok &= expect(err < 1e-5, f"{preset}: all gates {g:.0f} equals MixedHeadAttention with n_lap={n_lap}: "
                                      f"max error {err:.1e}")
-    plain = MixedHeadAttention(cfg, 0).eval()  # the causal GPT module: P through nanolap's explicit path
-    plain.load_state_dict(gated.state_dict(), strict=False)
+    # any gates, in the causal GPT module: head h's gate moves the output along a straight line, from nanolap's module
+    # with head h an attention head to the one with head h a Laplacian head. nanolap makes the trailing k heads
+    # Laplacian: going from k to k + 1 switches head H - 1 - k alone
+    outputs = []
+    for n_lap in range(H + 1):
+        plain = MixedHeadAttention(cfg, n_lap).eval()
+        plain.load_state_dict(gated.state_dict(), strict=False)
+        with torch.no_grad():
+            outputs.append(plain(x, rope))
     g = torch.tensor([0.0, 0.25, 0.5, 0.75])
+    want = outputs[0] + sum(g[H - 1 - k] * (outputs[k + 1] - outputs[k]) for k in range(H))
     with torch.no_grad():
         gated.gate_logit.copy_(torch.logit(g))
-        P = plain(x, rope, explicit=True, return_attn=True)[1]  # (B, H, T, T)
-        v = plain.qkv(x).view(2, 17, 3, H, -1)[:, :, 2].transpose(1, 2)  # (B, H, T, D)
-        y = (1 - g.view(1, H, 1, 1)) * (P @ v) + g.view(1, H, 1, 1) * (v - P @ v)  # (B, H, T, D)
-        err = (gated(x, rope) - plain.proj(y.transpose(1, 2).reshape(2, 17, -1))).abs().max().item()
-    ok &= expect(err < 1e-5, f"gates {g.tolist()}: (1 - g) P V + g (V - P V), max error {err:.1e}")
+        err = (gated(x, rope) - want).abs().max().item()
+    ok &= expect(err < 1e-5, f"gates {g.tolist()}: each head's output lies g of the way from its attention output to "
+                             f"its Laplacian output, max error {err:.1e}")
     with torch.no_grad():
         gated.gate_logit.zero_()  # g = 1/2
     gated(x, rope).square().sum().backward()
@@ -359,18 +381,9 @@ def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_im
 ALPHAS = (0.9, 0.99)  # analyze.py's k_alpha thresholds
 
 
-def reference_k_alpha(h, alphas=ALPHAS):
-    """The checker's own mean k_alpha of h (N, T, d), from singular values (analyze.py uses eigenvalues): per sequence
-    the smallest k whose top-k squared singular values of the centred tokens reach alpha of their sum."""
-    x = h.double() - h.double().mean(1, keepdim=True)
-    lam = torch.linalg.svdvals(x).square()  # (N, min(T, d)), descending
-    share = lam.cumsum(-1) / lam.sum(-1, keepdim=True)
-    return {f"k_{a}": ((share < a - 1e-12).sum(-1) + 1).clamp(max=lam.shape[-1]).double().mean().item() for a in alphas}
-
-
 def trained_tokens(run, max_samples, seed):
-    """Final-norm patch tokens (N, T, d) of the validation images that `analyze.py RUN --max_samples=N` measures,
-    the checker's k_alpha of them, and the value in RUN/analysis/analysis.json."""
+    """Final-norm patch tokens (N, T, d) of the validation images that `analyze.py RUN --max_samples=N` measures, and
+    analyze.py's spectrum of them in RUN/analysis/analysis.json (None without the file)."""
     ckpt = common.load_checkpoint(os.path.join(run, "ckpt.pt"))
     model = common.load_model(ckpt).eval()
     x, _, _, mean, std = images.eval_images(ckpt, max_samples, seed)
@@ -381,36 +394,28 @@ def trained_tokens(run, max_samples, seed):
             hs.append(model.forward_features((augment.to_unit(x[i:i + 64], model.config.img_size) - mean) / std)[:, 1:])
     path = os.path.join(run, "analysis", "analysis.json")
     stored = json.load(open(path))["spectrum"] if os.path.isfile(path) else None
-    h = torch.cat(hs)
-    return h, reference_k_alpha(h), stored
+    return torch.cat(hs), stored
 
 
 def check_7(ex, run, max_samples, seed):
-    s2 = torch.tensor([[7.0, 0.0], [-7.0, 0.0], [0.0, 1.0], [0.0, -1.0]])  # centred; eigenvalues 98 and 2
     ok = True
-    for name, h, want in (("hand case, eigenvalues 98 and 2", s2[None], {0.9: 1, 0.99: 2}),
-                          ("the same tokens shifted by (100, 100)", s2[None] + 100, {0.9: 1, 0.99: 2})):
-        for alpha, k in want.items():
-            got = ex.k_alpha(h, alpha)
-            ok &= expect(got == k, f"{name}: k_{alpha} = {got} (want {k})")
-    if run:
-        h, ref, stored = trained_tokens(run, max_samples, seed)
-        what = f"{run}: {len(h)} validation images, final-norm patch tokens"
-    else:
-        torch.manual_seed(seed)
-        model = build_model(make_config("vit-cpu", n_lap=2)).eval()
-        with torch.no_grad():
-            h = model.forward_features(torch.randn(64, 1, 28, 28))[:, 1:]  # (64, 16, 64)
-        ref = reference_k_alpha(h)
-        stored = None
-        what = "an untrained vit-cpu, 64 random images (pass --run=DIR)"
-    print(f"tokens: {what}, shape {tuple(h.shape)}")
-    for alpha in ALPHAS:
-        got, want = ex.k_alpha(h, alpha), ref[f"k_{alpha}"]
-        ok &= expect(abs(got - want) < 1e-9, f"k_{alpha}: yours {got:.4f}, the checker's {want:.4f}")
-    if stored is not None:
-        print(f"  {run}/analysis/analysis.json says k_0.99 = {stored['k_0.99']:.4f} "
-              f"(over its {stored['n_sequences']} sequences: run analyze.py with the same --max_samples)")
+    for case in expected(7):  # the reference solution's values on fixed tokens; the first by hand: eigenvalues 98, 2
+        for alpha in ALPHAS:
+            got, want = ex.k_alpha(case["h"], alpha), case[f"k_{alpha}"]
+            ok &= expect(abs(got - want) < 1e-9, f"{case['name']}: k_{alpha} = {got:.4f} (the reference's {want:.4f})")
+    if not run:
+        print("  pass --run=DIR (a train_vit.py out_dir that analyze.py analysed) to compare with analyze.py on a "
+              "trained ViT's tokens")
+        return ok
+    h, stored = trained_tokens(run, max_samples, seed)
+    print(f"tokens: {run}: {len(h)} validation images, final-norm patch tokens, shape {tuple(h.shape)}")
+    path = os.path.join(run, "analysis", "analysis.json")
+    if stored is None or stored["n_sequences"] != len(h):
+        found = "there is none" if stored is None else f"it measured {stored['n_sequences']} images"
+        return expect(False, f"{path}: {found}; run python analyze.py {run} --max_samples={max_samples}")
+    for alpha in ALPHAS:  # analysis.json keeps analyze.py's mean k over the images: a multiple of 1 / N
+        got, want = ex.k_alpha(h, alpha), stored[f"k_{alpha}"]
+        ok &= expect(abs(got - want) < 0.5 / len(h), f"k_{alpha}: yours {got:.4f}, analyze.py's {want:.4f} ({path})")
     return ok
 
 # ---- exercise 8: language (an experiment: numbers to compare) -------------------------------------------------
@@ -436,6 +441,53 @@ def check_8(ex, out, sample_chars, seed):
         print(f"---- a sample of {r['run']} (n_lap={r['n_lap']}, temperature 0.8) ----\n{sample}")
     return True
 
+# ---- for instructors: the students' copy, and the expected values from the solutions ------------------------------
+
+HELD_BACK = ("exercises/solutions/", "exercises/INSTRUCTOR.md")  # what a students' copy leaves out
+
+
+def students_copy(dest):
+    """Copy the repository as git sees it (the tracked files and the untracked ones it does not ignore: no runs, data
+    or virtual environment) to the new folder dest, without HELD_BACK."""
+    root = os.path.dirname(HERE)
+    if os.path.exists(dest):
+        raise common.UsageError(f"--students-copy={dest}: it exists already; name a new folder")
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                                capture_output=True, text=True, timeout=60)
+    except OSError:
+        listed = None
+    if listed is None or listed.returncode != 0:
+        raise common.UsageError(f"--students-copy needs git and the repository's git checkout ({root} is none)")
+    files = [f for f in listed.stdout.split("\0") if f and not f.startswith(HELD_BACK)
+             and os.path.isfile(os.path.join(root, f))]
+    for f in files:
+        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
+        shutil.copy2(os.path.join(root, f), os.path.join(dest, f))
+    print(f"wrote {dest}: {len(files)} files, without {' and '.join(HELD_BACK)}")
+
+
+def write_expected():
+    """exercises/expected.json: fixed tokens (small integers, exact in any float type) and what the reference solutions
+    of exercises 4 and 7 return for them. Run it after changing a case or a solution."""
+    g = torch.Generator().manual_seed(0)
+
+    def ints(*shape, low=-9, high=10):
+        return torch.randint(low, high, shape, generator=g).float()
+    x, hand = ints(4, 5, 3), torch.tensor([[[7.0, 0.0], [-7.0, 0.0], [0.0, 1.0], [0.0, -1.0]]])  # centred; 98 and 2
+    cases = {4: [("random tokens", x), ("shifted sequences", x + ints(4, 1, 3, low=-50, high=50)),
+                 ("identical tokens in each sequence", ints(4, 1, 3).expand(4, 5, 3))],
+             7: [("hand case, eigenvalues 98 and 2", hand), ("the same tokens shifted by (100, 100)", hand + 100),
+                 ("random tokens", ints(6, 9, 5)), ("tokens of rank 3 in 8 dimensions", ints(6, 9, 3) @ ints(3, 8))]}
+    ex4, ex7 = load(4, solution=True), load(7, solution=True)
+    values = {4: lambda h: {"within_seq_frac": ex4.within_seq_frac(h)},
+              7: lambda h: {f"k_{a}": ex7.k_alpha(h, a) for a in ALPHAS}}
+    lines = [f'"{n}": [\n' + ",\n".join(json.dumps(dict(name=name, h=h.tolist(), **values[n](h))) for name, h in c) + "\n]"
+             for n, c in cases.items()]  # one case per line
+    with common.atomic_write(EXPECTED) as f:
+        f.write(("{\n" + ",\n".join(lines) + "\n}\n").encode())
+    print(f"wrote {EXPECTED}")
+
 # ---- run ----------------------------------------------------------------------------------------------------------
 
 CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6, 7: check_7, 8: check_8}
@@ -444,8 +496,16 @@ CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6
 def main(argv=None):
     """Run one exercise's check; returns the exit status (0 = PASS or numbers printed, 1 = FAIL)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--students-copy"] and len(argv) == 2 or argv[:1] == ["--write-expected"]:
+        try:
+            students_copy(argv[1]) if len(argv) == 2 else write_expected()
+        except common.UsageError as e:
+            print(f"error: {e}")
+            return 2
+        return 0
     if not argv or not argv[0].isdigit() or int(argv[0]) not in CHECKS:
-        print(__doc__.strip() + "\n\nusage: python exercises/check.py N [--solution] [--key=value ...], N in 1..8")
+        print(__doc__.strip() + "\n\nusage: python exercises/check.py N [--solution] [--key=value ...], N in 1..8; "
+              "python exercises/check.py --students-copy DIR")
         return 0 if {"-h", "--help"} & set(argv) else 2
     number, rest = int(argv[0]), argv[1:]
     if {"-h", "--help"} & set(rest):

@@ -62,6 +62,13 @@ def differing_settings(configs):
     keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
     return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
 
+def one_corpus(results, name):
+    """Refuse runs of different corpora: a GPT's RESULT line names its corpus (corpus=gutenberg-1a2b3c4d); a run without
+    one (before the name was kept, or not a GPT) is unknown and compares with any."""
+    corpora = sorted({c for c in (common.read_result(r["run"]).get("corpus") for r in results) if c and c != "unknown"})
+    if len(corpora) > 1:
+        raise UsageError(f"the {name} runs trained on different corpora ({', '.join(corpora)}): their losses do not compare")
+
 def effect(v0, v1):
     """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
     (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0 (None
@@ -188,6 +195,7 @@ def compare(results, out_dir, prefix, name):
     (unbiased) and the lists of the runs' metrics ("metrics", None left out) per group, and five figures against n_lap,
     saved in out_dir as prefix + metric.png etc. (prefix may name a folder) and titled with name."""
     kind, layer = results[0]["kind"], results[0]["settings"]["layer"]
+    one_corpus(results, name)
     where = "final norm" if layer == -1 else f"after block {layer}"
     results = sorted(results, key=lambda r: (r["n_lap_mean"], r["n_lap_label"]))  # the groups in the order of n_lap
     groups = {k: [r for r in results if r["n_lap_label"] == k] for k in dict.fromkeys(r["n_lap_label"] for r in results)}

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -243,7 +244,7 @@ def test_etf_token_panel_puts_collapsed_tokens_on_the_vertices(tmp_path, figure_
     res = {"settings": {"tokens": "patch tokens only"}}
     assert analyze.classifier_analyses(model, extra, y, None, classes, res, "t", str(tmp_path)) == ["etf.png"]
     assert [title.replace("\n", " ") for title in figure_texts["etf.png"]["titles"]] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
-                                                 "tokens = 5 of the patch tokens only of each image"]
+                                                 "tokens = 5 per image (patch tokens only)"]
     etf = res["etf"]["tokens"]
     assert etf["vertex_dist"] == pytest.approx(0, abs=1e-9) and res["etf"]["seq_means"]["vertex_dist"] < 1e-9
     radius = torch.tensor(etf["class_means_2d"], dtype=torch.float64).norm(dim=1)
@@ -317,6 +318,28 @@ def test_per_head_change_of_an_exact_diffusion_step():
     assert layer["mlp"]["exact"] == pytest.approx(0.0, abs=1e-12)
     w = analyze.head_weights(block)[0]  # M_h = -tau I: negative definite
     assert w["trace_ratio"] == pytest.approx(-1.0) and w["eig_min"] == pytest.approx(-tau) == w["eig_max"]
+
+
+def test_the_heads_figure_puts_first_order_beside_first_order(tmp_path, monkeypatch, figure_texts):
+    """heads.png: the sublayer bars are first order, as the heads' rho (a block's heads add up to its attention bar),
+    and the caption says so; the exact changes (here of the other sign) stay out of the figure."""
+    layers = [{"block": b + 1, "laplacian": [False, True], "rho": [-0.1 * (b + 1), 0.05],
+               **{part: {"rho": -0.2 * (b + 1) + k / 10, "exact": 0.5} for k, part in enumerate(("attention", "mlp",
+                                                                                                 "block_total"))}}
+              for b in range(2)]
+    heights = {}
+    save = analyze.save_figure
+
+    def spy(fig, path):
+        bars = next(ax for ax in fig.axes if ax.get_title().startswith("sublayers"))
+        heights.update({t.get_text(): [round(p.get_height(), 9) for p in c] for t, c in zip(bars.get_legend().get_texts(),
+                                                                                        bars.containers)})
+        return save(fig, path)
+    monkeypatch.setattr(analyze, "save_figure", spy)
+    analyze.fig_heads({"layers": layers}, "t", str(tmp_path / "heads.png"))
+    assert heights == {"attention": [-0.2, -0.4], "mlp": [-0.1, -0.3], "block": [0.0, -0.2]}
+    assert "first order throughout" in figure_texts["heads.png"]["suptitle"]
+    assert figure_texts["heads.png"]["labels"][1][1].startswith("first-order change")
 
 
 def test_uniform_attention_heads_leave_within_sequence_variance_unchanged():
@@ -519,8 +542,14 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     assert "| nc1 (pooled) |" in summary and "| nc1 (seq_means) |" in summary  # CLS pooling: two sets of features
     assert "| features (pooled) | pooled = CLS token, final norm |" in summary
     assert [title.replace("\n", " ") for title in figure_texts["etf.png"]["titles"]] == ["pooled = CLS token", "seq_means = mean of the patch tokens only",
-                                                 f"tokens = {analyze.ETF_TOKENS} of the patch tokens only of each image"]
+                                                 f"tokens = {analyze.ETF_TOKENS} per image (patch tokens only)"]
     assert "band: mean $\\pm$ std over sequences\n(lower edge clamped above 0: log scale)" in figure_texts["spectrum.png"]["legend"]
+    assert any(t.startswith("$k_{0.99}$ = ") and t.endswith(": the fewest directions that hold 99% of\na sequence's "
+                                                             "variance (mean over sequences)")
+               for t in figure_texts["spectrum.png"]["legend"]), figure_texts["spectrum.png"]["legend"]
+    etf = figure_texts["etf.png"]
+    assert etf["labels"][0] == ("first axis of that plane", "second axis") and "Neural Collapse (each class" in etf["suptitle"]
+    assert all(title.split("\n")[0].endswith(" =") for title in etf["titles"])  # the name, then what it is
     for name in VIT_FIGURES:  # every figure says what to look for, and every plot labels both axes
         assert "look for: " in figure_texts[name]["suptitle"], (name, figure_texts[name]["suptitle"])
         assert all(x and y for x, y in figure_texts[name]["labels"]), (name, figure_texts[name]["labels"])
@@ -547,7 +576,7 @@ def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, fig
     assert list(res["nc"]) == ["pooled"] and list(res["etf"]) == ["classes", "classifier_rows_2d", "pooled", "tokens"]
     assert res["nc"]["pooled"]["features"] == "pooled = mean of patch tokens, final norm"
     assert [title.replace("\n", " ") for title in figure_texts["etf.png"]["titles"]] == ["pooled = mean of patch tokens",
-                                                 f"tokens = {analyze.ETF_TOKENS} of the patch tokens only of each image"]
+                                                 f"tokens = {analyze.ETF_TOKENS} per image (patch tokens only)"]
     summary = open(os.path.join(run, "analysis", "summary.md")).read()
     assert "| features (pooled) | pooled = mean of patch tokens, final norm |" in summary and "seq_means" not in summary
     run_analyze(run, "--max_samples=20", "--etf_classes=[1,4,7]", "--tokens=all", f"--out={tmp_path / 'all'}")
@@ -633,6 +662,17 @@ def test_end_to_end_gpt(tmp_path, capsys):
         text.load_windows(data_dir, "tiny", 4000, 5)
     with pytest.raises(UsageError, match="not prepared"):  # data.text's message for missing data
         run_analyze(make_run(tmp_path / "gpt2", "gpt", dataset="nowhere", data_dir=data_dir))
+
+
+def test_a_loose_checkpoint_is_analysed_beside_it_under_its_own_name(tmp_path, capsys, figure_texts):
+    """python analyze.py out/x.pt writes out/x-analysis/ and calls the run x (a run's ckpt.pt: RUN/analysis, RUN)."""
+    run = make_run(tmp_path / "gpt", "gpt", dataset="tiny", data_dir=tiny_token_data(tmp_path), block_size=32)
+    shutil.copy(os.path.join(run, "ckpt.pt"), tmp_path / "x.pt")
+    run_analyze(tmp_path / "x.pt", "--max_samples=8")
+    out = capsys.readouterr().out
+    assert result(out)["out"] == str(tmp_path / "x-analysis") and not (tmp_path / "analysis").exists()
+    assert "\nx: 8 sequences" in out and "x (gpt, n_lap=0)" in figure_texts["spectrum.png"]["titles"][0]
+    assert (tmp_path / "x-analysis" / "summary.md").read_text().startswith(f"# {tmp_path / 'x.pt'}: gpt, n_lap = 0")
 
 
 def test_end_to_end_dino(tmp_path, fashion_dir, capsys):

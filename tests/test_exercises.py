@@ -1,7 +1,9 @@
 """The classroom exercises (exercises/README.md) cannot rot: every check passes on its reference solution, and every
-exercise that asks for code fails on its unmodified starter file. Fast tier: the code checks at tiny sizes, in this
-process (seconds). Slow tier (-m slow): the experiments (tiny trainings of the real scripts, then analyze.py), the
-exercise-7 check on a trained run, a longer gated training, and the command line."""
+exercise that asks for code fails on its unmodified starter file: the committed one, so that a student's solved
+working copy keeps these tests green. Fast tier: the code checks at tiny sizes, in this process (seconds). Slow tier
+(-m slow): the experiments (tiny trainings of the real scripts, then analyze.py), the exercise-7 check on a trained
+run, a longer gated training, the command line, and solved exercises in copies of the repository (with and without
+git). In a students' copy (python exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
 
 import ast
 import importlib.util
@@ -9,6 +11,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 
@@ -17,9 +20,27 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXERCISES = os.path.join(ROOT, "exercises")
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+needs_solutions = pytest.mark.skipif(not os.path.isdir(os.path.join(EXERCISES, "solutions")),
+                                     reason="a students' copy: no exercises/solutions/")
 spec = importlib.util.spec_from_file_location("exercise_checks", os.path.join(EXERCISES, "check.py"))
 check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check)
+
+
+def committed_starter(number, folder):
+    """The path of exercise `number`'s unmodified starter, and where it came from: the committed file (git show
+    HEAD:...) written into folder, whatever the working copy holds; without git (a students' copy), the working file."""
+    name = f"exercises/{check.FILES[number]}"
+    try:
+        shown = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except OSError:  # no git installed
+        shown = None
+    if shown is None or shown.returncode != 0:
+        return os.path.join(ROOT, name), f"the working copy of {name} (no git here to get the committed starter from)"
+    path = os.path.join(folder, check.FILES[number])
+    with open(path, "w") as f:
+        f.write(shown.stdout)
+    return path, f"the committed {name}"
 
 
 def run_check(capsys, *argv):
@@ -44,6 +65,7 @@ def one_thread():
 # ---------------------------------------------------------------- fast tier: the code exercises
 
 
+@needs_solutions
 @pytest.mark.parametrize("number", sorted(check.FILES))
 def test_check_passes_on_the_solution(number, capsys, one_thread):
     status, out = run_check(capsys, number, "--solution", *TINY.get(number, []))
@@ -54,25 +76,36 @@ def test_check_passes_on_the_solution(number, capsys, one_thread):
 
 
 @pytest.mark.parametrize("number", sorted(check.FILES))
-def test_check_fails_on_the_unmodified_starter(number, capsys, one_thread):
+def test_check_fails_on_the_unmodified_starter(number, tmp_path, capsys, monkeypatch, one_thread):
+    path, origin = committed_starter(number, tmp_path)
+
+    def load(number, solution=False):
+        return check.load_file(path)
+    monkeypatch.setattr(check, "load", load)
     status, out = run_check(capsys, number, *TINY.get(number, []))
+    if status == 0 and origin.startswith("the working copy"):
+        pytest.skip(f"{origin} passes its check: solved, it seems, so this test of the unmodified starter is skipped")
+    assert status != 0, f"{origin} passes its check: a starter must fail until the student writes the exercise"
+    assert "Traceback" not in out, f"{origin} raised an exception in its check:\n{out}"
     assert status == 1 and out.rstrip().endswith(f"FAIL: exercise {number}") and "[FAIL]" in out, out
-    assert f"exercises/{check.FILES[number]}" in out and "Traceback" not in out
 
 
+@needs_solutions
 @pytest.mark.parametrize("number", sorted(check.FILES))
-def test_starter_and_solution_match_except_the_bodies(number):
+def test_starter_and_solution_match_except_the_bodies(number, tmp_path):
     """Same functions and classes with the same signatures; the starter is a working but wrong body (no stubs)."""
     def outline(path):
         tree = ast.parse(open(path).read())
         return [(n.name, ast.dump(n.args) if hasattr(n, "args") else None)
                 for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-    starter, solution = (os.path.join(EXERCISES, d, check.FILES[number]) for d in ("", "solutions"))
-    assert outline(starter) == outline(solution)
+    starter, origin = committed_starter(number, tmp_path)
+    solution = os.path.join(EXERCISES, "solutions", check.FILES[number])
+    assert outline(starter) == outline(solution), f"{origin} and its solution define different functions or classes"
     text = open(starter).read()
     assert "NotImplementedError" not in text and "TODO" not in text and "Replace this" in text
 
 
+@needs_solutions
 def test_ex4_labels_its_columns_with_their_layers(capsys, one_thread):
     """Every value row of exercise 4 sits under a header naming its layer, from 0 (the input) to --depth."""
     status, out = run_check(capsys, 4, "--solution", "--depth=5", "--n_seq=8", "--figure=False")
@@ -85,6 +118,7 @@ def test_ex4_labels_its_columns_with_their_layers(capsys, one_thread):
     assert len(line) == len(first_row)  # the columns line up under their layers
 
 
+@needs_solutions
 def test_ex2_says_its_gpt_cases_have_no_rope(capsys, one_thread):
     status, out = run_check(capsys, 2, "--solution")
     cases = re.findall(r"^  \[ok\] (\S+) +causal=(\S+) +(no RoPE)? *n_lap=", out, re.M)
@@ -94,6 +128,8 @@ def test_ex2_says_its_gpt_cases_have_no_rope(capsys, one_thread):
     assert "leave out the rotary position embedding (RoPE)" in readme
 
 
+@pytest.mark.skipif(not os.path.isfile(os.path.join(EXERCISES, "INSTRUCTOR.md")),
+                    reason="a students' copy: no exercises/INSTRUCTOR.md")
 def test_the_answers_live_on_the_instructors_page():
     """Students read README.md: it links the instructor's page with a warning and holds none of its answers."""
     readme = open(os.path.join(EXERCISES, "README.md")).read()
@@ -133,8 +169,10 @@ def test_readme_has_every_exercise_and_its_check():
     assert [int(n) for n in exercises] == sorted(check.CHECKS) and len(exercises) >= 8
     for number in check.CHECKS:
         assert f"python exercises/check.py {number}" in readme
+    has_solutions = os.path.isdir(os.path.join(EXERCISES, "solutions"))  # not in a students' copy
     for number, name in check.FILES.items():
-        assert f"exercises/{name}" in readme and os.path.isfile(os.path.join(EXERCISES, "solutions", name))
+        assert f"exercises/{name}" in readme
+        assert os.path.isfile(os.path.join(EXERCISES, "solutions", name)) or not has_solutions
 
 # ---------------------------------------------------------------- slow tier: the experiments, on tiny runs
 
@@ -167,15 +205,23 @@ def test_ex5_prints_the_two_schedules(ex5_runs, capsys):
     assert run_check(capsys, 5, f"--out={ex5_runs / 'nowhere'}")[0] == 1
 
 
+@needs_solutions
 @pytest.mark.slow
-def test_ex7_matches_analyze_on_a_trained_run(ex5_runs, capsys):
+def test_ex7_matches_analyze_on_a_trained_run(ex5_runs, tmp_path, capsys, monkeypatch):
     run("analyze.py", ex5_runs / "back", "--max_samples=64")
     status, out = run_check(capsys, 7, "--solution", f"--run={ex5_runs / 'back'}", "--max_samples=64")
     assert status == 0 and "PASS: exercise 7" in out, out
     stored = json.load(open(ex5_runs / "back" / "analysis" / "analysis.json"))["spectrum"]["k_0.99"]
     yours = float(re.search(r"k_0.99: yours (\S+),", out).group(1))
     assert abs(yours - stored) < 5e-5  # analysis.json keeps what analyze.py printed; the check prints 4 decimals
-    assert run_check(capsys, 7, f"--run={ex5_runs / 'back'}", "--max_samples=64")[0] == 1  # the starter
+    status, out = run_check(capsys, 7, "--solution", f"--run={ex5_runs / 'back'}", "--max_samples=32")
+    assert status == 1 and "analysis.json: it measured 64 images; run python analyze.py" in out, out
+    path, origin = committed_starter(7, tmp_path)
+
+    def load(number, solution=False):
+        return check.load_file(path)
+    monkeypatch.setattr(check, "load", load)
+    assert run_check(capsys, 7, f"--run={ex5_runs / 'back'}", "--max_samples=64")[0] == 1, origin
 
 
 def play_text(n_lines=1500, seed=0):
@@ -206,6 +252,7 @@ def test_ex8_compares_two_gpts(tmp_path, capsys):
     assert text.count("---- a sample of") == 2
 
 
+@needs_solutions
 @pytest.mark.slow
 def test_ex6_gates_learn(capsys):
     status, out = run_check(capsys, 6, "--solution", "--dataset=synthetic", "--steps=30", "--batch_size=32")
@@ -214,6 +261,7 @@ def test_ex6_gates_learn(capsys):
     assert len(gates) == 4 and all(abs(g - 0.5) > 1e-3 for g in gates)  # they moved from sigmoid(0)
 
 
+@needs_solutions
 @pytest.mark.slow
 def test_ex4_draws_the_figure(tmp_path, capsys):
     status, out = run_check(capsys, 4, "--solution", f"--out={tmp_path}")
@@ -221,32 +269,107 @@ def test_ex4_draws_the_figure(tmp_path, capsys):
     assert re.search(r"after layer L = +0 +3 +6 +9 +12 +15 +18 +21 +24\n", out), out
 
 
+@needs_solutions
 @pytest.mark.slow
-def test_command_line():
+def test_command_line(tmp_path):
     p = subprocess.run([sys.executable, "exercises/check.py", "2", "--solution"], capture_output=True, text=True,
                        env=ENV, cwd=ROOT, timeout=120)
     assert p.returncode == 0 and p.stdout.rstrip().endswith("PASS: exercise 2")
     p = subprocess.run([sys.executable, "exercises/check.py", "2"], capture_output=True, text=True, env=ENV,
                        cwd=ROOT, timeout=120)
-    assert p.returncode == 1 and p.stdout.rstrip().endswith("FAIL: exercise 2")
+    starter = os.path.join(EXERCISES, check.FILES[2])
+    if open(starter).read() == open(committed_starter(2, tmp_path)[0]).read():  # a student may have solved it
+        assert p.returncode == 1 and p.stdout.rstrip().endswith("FAIL: exercise 2")
 
 
-def test_the_checkers_references_agree_with_analyze_and_it_imports_no_script():
-    """check.py computes its own references (WithinSeqVar share, k_alpha from singular values) instead of importing the
-    analyze.py script: they must agree with analyze.py's, on random tokens and on tokens with a tied spectrum."""
+@needs_solutions
+def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, monkeypatch, capsys):
+    """exercises/expected.json is what `check.py --write-expected` makes of the reference solutions now, and its
+    values agree with analyze.py's ANOVA and spectrum (analyze.py computes them its own way)."""
     import torch
     sys.path.insert(0, ROOT)
     import analyze
-    g = torch.Generator().manual_seed(0)
-    h = torch.randn(20, 9, 5, generator=g) @ torch.randn(5, 12, generator=g)  # rank 5 < T - 1: a zero tail
-    assert check.reference_within_seq_frac(h) == pytest.approx(analyze.anova(h, torch.zeros(20, dtype=torch.long))
-                                                               ["within_seq_frac"], rel=1e-12)
-    stats = analyze.SpectrumStats()
-    stats.update(h)
-    assert check.reference_k_alpha(h) == pytest.approx({f"k_{a}": stats.result()[f"k_{a}"] for a in analyze.ALPHAS})
+    monkeypatch.setattr(check, "EXPECTED", str(tmp_path / "expected.json"))
+    assert check.main(["--write-expected"]) == 0
+    written = (tmp_path / "expected.json").read_text()
+    assert written == open(os.path.join(EXERCISES, "expected.json")).read(), "run python exercises/check.py --write-expected"
+    monkeypatch.undo()
+    for case in check.expected(4):
+        labels = torch.zeros(len(case["h"]), dtype=torch.long)
+        assert case["within_seq_frac"] == pytest.approx(analyze.anova(case["h"], labels)["within_seq_frac"], abs=1e-12)
+    for case in check.expected(7):
+        stats = analyze.SpectrumStats()
+        stats.update(case["h"])
+        assert {f"k_{a}": case[f"k_{a}"] for a in analyze.ALPHAS} == pytest.approx(
+            {f"k_{a}": stats.result()[f"k_{a}"] for a in analyze.ALPHAS}), case["name"]
     assert check.ALPHAS == analyze.ALPHAS
-    tree = ast.parse(open(os.path.join(EXERCISES, "check.py")).read())
+
+
+def test_check_holds_no_answer_and_imports_no_script():
+    """check.py compares with nanolap.py, analyze.py's numbers or exercises/expected.json: it computes no reference
+    of its own (students read it), and it imports no script."""
+    source = open(os.path.join(EXERCISES, "check.py")).read()
+    for answer in ("def reference_", "eigvalsh", "svdvals", "mean(1, keepdim=True)", "mean(dim=1, keepdim=True)",
+                   "torch.eye("):
+        assert answer not in source, answer
+    tree = ast.parse(source)
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     scripts = {os.path.splitext(f)[0] for f in os.listdir(ROOT) if f.endswith(".py")} - {"nanolap", "common"}
     assert not imported & scripts, imported & scripts
+
+
+@needs_solutions
+def test_the_students_copy_holds_no_answers(tmp_path, capsys):
+    status, out = run_check(capsys, "--students-copy", tmp_path / "class")
+    assert status == 0 and out.startswith(f"wrote {tmp_path / 'class'}: ")
+    copied = {os.path.relpath(os.path.join(d, f), tmp_path / "class") for d, _, fs in os.walk(tmp_path / "class")
+              for f in fs}
+    assert {"exercises/check.py", "exercises/expected.json", "exercises/README.md", "nanolap.py"} <= copied
+    assert not any(f.startswith("exercises/solutions") or f == "exercises/INSTRUCTOR.md" for f in copied), copied
+    assert not any(f.startswith((".git/", "out")) or "__pycache__" in f for f in copied), copied
+    status, out = run_check(capsys, "--students-copy", tmp_path / "class")
+    assert status == 2 and out == f"error: --students-copy={tmp_path / 'class'}: it exists already; name a new folder\n"
+
+
+def solve_in(copy):
+    """Write every reference solution over its starter in the repository copy `copy`."""
+    for name in check.FILES.values():
+        shutil.copy(os.path.join(EXERCISES, "solutions", name), os.path.join(copy, "exercises", name))
+
+
+def pytest_in(copy):
+    """The fast tier of the exercise tests in the repository copy `copy`, as a student runs it there."""
+    env = dict(ENV, PYTHONPATH=str(copy))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_exercises.py"], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@needs_solutions
+@pytest.mark.slow
+def test_solving_the_exercises_keeps_the_tests_green(tmp_path, capsys):
+    """A student who solves every code exercise in the working tree still sees green tests: in a git checkout (the
+    tests check the committed starters), and in a students' copy without git (they skip the starters' tests and
+    the solutions', and say why). The students' copy runs the checks without solutions/."""
+    clone, copy = tmp_path / "clone", tmp_path / "class"
+    assert run_check(capsys, "--students-copy", clone)[0] == 0  # the working tree, then committed in a new repository
+    shutil.copytree(os.path.join(EXERCISES, "solutions"), clone / "exercises" / "solutions")
+    shutil.copy(os.path.join(EXERCISES, "INSTRUCTOR.md"), clone / "exercises")
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the course"]):
+        subprocess.run(git + argv, cwd=clone, check=True, capture_output=True)
+    solve_in(clone)
+    p = pytest_in(clone)
+    assert p.returncode == 0 and " passed" in p.stdout and "skipped" not in p.stdout, p.stdout[-3000:]
+    assert run_check(capsys, "--students-copy", copy)[0] == 0
+    solve_in(copy)
+    p = pytest_in(copy)
+    assert p.returncode == 0 and " passed" in p.stdout and "skipped" in p.stdout, p.stdout[-3000:]
+    p = subprocess.run([sys.executable, "exercises/check.py", "4", "--solution"], cwd=copy, env=ENV, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout.strip().splitlines() == [
+        "error: --solution: this copy has no exercises/solutions/ (a students' copy); check your own file: "
+        "python exercises/check.py 4"], p.stdout + p.stderr
+    p = subprocess.run([sys.executable, "exercises/check.py", "4", "--figure=False"], cwd=copy, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("PASS: exercise 4"), p.stdout + p.stderr

@@ -3,6 +3,7 @@ checkpoints, an out_dir that cannot be written, temporary files of killed saves,
 under its processes. Every script runs in its own process, on tiny settings; the tests poll the output and
 the folder, they never sleep for a fixed time. Slow tier: python -m pytest -q -m slow tests/test_faults.py"""
 
+import io
 import os
 import random
 import re
@@ -15,6 +16,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -255,9 +257,22 @@ def test_a_scripts_unknown_option_is_one_short_line(data_dir):
 
 # ----------------------------------------------------------------------------- damaged checkpoints
 
+def flip_a_bit(real):
+    """A real checkpoint with one bit flipped in the middle of its largest weight: torch.load reads it without a word."""
+    weight = max(torch.load(io.BytesIO(real), weights_only=True)["model"].values(), key=torch.numel).contiguous()
+    raw = weight.reshape(-1).view(torch.uint8).numpy().tobytes()
+    flipped = bytearray(real)
+    flipped[real.index(raw) + len(raw) // 2] ^= 1
+    return bytes(flipped)
+
+
 def damage(path, how, real):
-    """Write a damaged checkpoint at path: random bytes, the first half of a real checkpoint, or nothing."""
-    data = {"random": random.Random(0).randbytes(4096), "truncated": real[:len(real) // 2], "empty": b""}[how]
+    """Write a damaged checkpoint at path: random bytes, the first half of a real checkpoint, nothing, or a real
+    checkpoint with one bit flipped."""
+    if how == "flipped":
+        data = flip_a_bit(real)
+    else:
+        data = {"random": random.Random(0).randbytes(4096), "truncated": real[:len(real) // 2], "empty": b""}[how]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
@@ -265,7 +280,7 @@ def damage(path, how, real):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["random", "truncated", "empty"])
+@pytest.mark.parametrize("how", ["random", "truncated", "empty", "flipped"])
 def test_damaged_checkpoints_fail_in_one_line(how, finished, data_dir, tmp_path):
     """Every command that reads a checkpoint: exit status 1 and one line that names the file, says it is damaged
     or truncated, and never advises weights_only=False (which would run whatever code the file holds)."""

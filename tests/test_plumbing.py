@@ -194,6 +194,22 @@ def test_checkpoint_is_atomic_and_never_executes_code(tmp_path, monkeypatch):
         common.load_checkpoint(str(tmp_path / "missing.pt"))
 
 
+def test_checkpoints_carry_a_checksum_and_older_ones_load_with_a_note(tmp_path, capsys):
+    path = str(tmp_path / "ckpt.pt")
+    saved = {"step": 4, "model": {"w": torch.arange(6.0).view(2, 3)}, "rng": (3, [1, 2], None)}
+    common.save_checkpoint(saved, path)
+    assert "checksum" in torch.load(path, weights_only=True)
+    ckpt = common.load_checkpoint(path)
+    assert sorted(ckpt) == ["model", "rng", "step"] and torch.equal(ckpt["model"]["w"], saved["model"]["w"])
+    assert capsys.readouterr().out == ""
+    torch.save(dict(ckpt, checksum=common.content_checksum(dict(ckpt, step=5))), path)  # contents changed after saving
+    with pytest.raises(common.UsageError, match="do not match their checksum.*damaged or truncated"):
+        common.load_checkpoint(path)
+    torch.save(saved, path)  # as nanolap saved before checksums
+    assert common.load_checkpoint(path)["step"] == 4
+    assert capsys.readouterr().out == f"note: {path} has no checksum (saved before nanolap wrote them): loaded without a check\n"
+
+
 def test_save_checkpoint_removes_temp_files_of_killed_saves(tmp_path):
     (tmp_path / "ckpt.pt.tmp12345").write_bytes(b"")  # what a save killed mid-write leaves
     common.save_checkpoint({"step": 3}, str(tmp_path / "ckpt.pt"))

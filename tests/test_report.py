@@ -154,6 +154,19 @@ def fake_run(root, kind, n_lap, seed, result, frac, epochs=6, rho=None, set_name
     (d / "result.txt").write_text("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()) + f" n_lap={n_lap}\n")
 
 
+def test_runs_of_different_corpora_are_not_compared(tmp_path):
+    """GPT runs name their corpus in the RESULT line; one without it (the committed runs, all on the Gutenberg corpus)
+    compares with any."""
+    for n_lap, corpus in ((0, "gutenberg-1a2b3c4d"), (2, "gutenberg-1a2b3c4d"), (4, None)):
+        fake_run(tmp_path, "gpt", n_lap, 0, dict(val_bpb=2.2, **({"corpus": corpus} if corpus else {})), 0.6)
+    runs = [{"run": str(d)} for d in sorted((tmp_path / "gpt").iterdir())]
+    report.one_corpus(runs, "gpt")
+    fake_run(tmp_path, "gpt", 1, 0, dict(val_bpb=2.0, corpus="tinyshakespeare-5f6e7d8c"), 0.6)
+    with pytest.raises(UsageError, match=r"^the gpt runs trained on different corpora \(gutenberg-1a2b3c4d, "
+                                         r"tinyshakespeare-5f6e7d8c\): their losses do not compare$"):
+        report.one_corpus(runs + [{"run": str(tmp_path / "gpt" / "k1-s0")}], "gpt")
+
+
 @pytest.mark.slow  # ten seconds: every figure of four sets
 def test_report_from_saved_artefacts(tmp_path):
     """the report as a user runs it: summary.md's mean +- std and effect table (one metric separated, one overlapping),

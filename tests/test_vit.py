@@ -92,6 +92,7 @@ def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
                                           "cpu_threads", "seed"]
     assert ("lr", "0.003", "peak learning rate at the global batch; scale it with the global batch") in options
     assert dict((k, v) for k, v, _ in options)["device"] == "'auto'"
+    assert 1 <= int(dict((k, v) for k, v, _ in options)["num_workers"]) <= os.cpu_count()  # not 8 on a 2-core laptop
 
 # ----------------------------------------------------------------------------- fast: helpers in process
 

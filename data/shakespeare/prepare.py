@@ -25,8 +25,10 @@ def prepare(corpus, out_dir, source, enc):
     """Encode corpus with the tiktoken Encoding enc and write the dataset; returns the meta dict."""
     train_text, val_text = text.split_text(corpus)
     print(f"source: {source}")
+    name = text.corpus_name(corpus, source)  # kept in meta.json and a GPT run's RESULT line
+    print(f"corpus: {name}")
     print(f"length of dataset in characters: {len(corpus):,}")
-    meta = text.bpe_meta(enc, source=source)
+    meta = text.bpe_meta(enc, source=source, corpus=name)
     return text.write_dataset(out_dir, enc.encode_ordinary(train_text), enc.encode_ordinary(val_text), meta)
 
 

@@ -26,9 +26,11 @@ def prepare(corpus, out_dir, source):
     stoi = {c: i for i, c in enumerate(chars)}
     train_text, val_text = text.split_text(corpus)
     print(f"source: {source}")
+    name = text.corpus_name(corpus, source)  # kept in meta.json and a GPT run's RESULT line
+    print(f"corpus: {name}")
     print(f"length of dataset in characters: {len(corpus):,}")
     meta = dict(vocab_size=len(chars), tokenizer="char", chars="".join(chars),
-                token_bytes=[len(c.encode("utf-8")) for c in chars], source=source)
+                token_bytes=[len(c.encode("utf-8")) for c in chars], source=source, corpus=name)
     return text.write_dataset(out_dir, [stoi[c] for c in train_text], [stoi[c] for c in val_text], meta)
 
 
