@@ -264,17 +264,33 @@ def all_reduce_mean(x, device="cpu"):
         t /= dist.get_world_size()
     return t.item() if t.ndim == 0 else t
 
-def autocast(device, dtype):
-    """(context, dtype) of --dtype: 'auto' = bfloat16 autocast on CUDA, float32 elsewhere."""
-    if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise UsageError(f"--dtype={dtype!r}: choose auto, float32, bfloat16 or float16")
-    kind = str(device).split(":")[0]
-    amp = getattr(torch, ("bfloat16" if kind == "cuda" else "float32") if dtype == "auto" else dtype)
-    return (nullcontext() if amp == torch.float32 else torch.autocast(kind, dtype=amp)), amp
+def amp_dtype(device, requested="auto"):
+    """The dtype of --dtype on device. 'auto': bfloat16 where the GPU has bfloat16 tensor cores (capability 8.0 and up,
+    as nanochat decides); float16 with a gradient scaler below (a T4: torch.cuda.is_bf16_supported() says True there,
+    but bfloat16 is emulated, slowly, and the memory-efficient attention kernel takes only float16); float32 on a CPU
+    and on MPS."""
+    if requested not in ("auto", "float32", "bfloat16", "float16"):
+        raise UsageError(f"--dtype={requested!r}: choose auto, float32, bfloat16 or float16")
+    if requested != "auto":
+        return getattr(torch, requested)
+    if not str(device).startswith("cuda"):
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
 
-# Dense tensor-core peaks (no 2:4 sparsity) in bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's product
-# datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce whitepapers
-# ("FP16 Tensor TFLOPS with FP32 Accumulate"). T4 and V100 have no bfloat16 tensor cores: their float16 peaks.
+def autocast(device, dtype):
+    """(context, dtype) of --dtype (amp_dtype). float16 needs a torch.amp.GradScaler, enabled=dtype == torch.float16."""
+    amp = amp_dtype(device, dtype)
+    return (nullcontext() if amp == torch.float32 else torch.autocast(str(device).split(":")[0], dtype=amp)), amp
+
+def dtype_words(amp):
+    """How a run names its arithmetic (amp_dtype's answer) in its first lines."""
+    if amp == torch.float16:
+        return "float16 autocast with a gradient scaler"
+    return "bfloat16 autocast" if amp == torch.bfloat16 else "float32"
+
+# Dense tensor-core peaks (no 2:4 sparsity) in float16 and bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's
+# product datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce
+# whitepapers ("FP16 Tensor TFLOPS with FP32 Accumulate"): from Ampere on the two dtypes have one peak.
 # Keys are whole names (torch.cuda.get_device_name() without "NVIDIA", "Tesla", "GeForce"): an H100 PCIe is no
 # H100 SXM, an A10G no A10, an L40 no L40S, and a MIG slice or a laptop RTX 4090 is a smaller chip: no MFU for those.
 GPU_PEAK_FLOPS = {
@@ -284,12 +300,16 @@ GPU_PEAK_FLOPS = {
     r"L40": 181e12, r"T4": 65e12, r"V100-SXM2-\d+GB": 125e12, r"V100-PCIE-\d+GB": 112e12, r"RTX A6000": 154.8e12,
     r"RTX 4090": 165.2e12, r"RTX 4080": 97.5e12, r"RTX 3090 Ti": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
 }
+NO_BFLOAT16_TENSOR_CORES = r"T4|V100-.*"  # the table's GPUs before Ampere: float16 only, bfloat16 is emulated there
 
-def peak_flops(device, name=None):
-    """Dense bf16 peak FLOP/s of a CUDA device (or of a GPU called `name`), for MFU; None for a CPU or an unknown GPU."""
-    if name is None and not str(device).startswith("cuda"):
+def peak_flops(device, name=None, dtype=torch.float16):
+    """Dense peak FLOP/s of a CUDA device (or of a GPU called `name`) in dtype, for MFU; None for a CPU, an unknown
+    GPU, float32 (TF32 peaks are not in the table) and bfloat16 on a GPU without bfloat16 tensor cores."""
+    if name is None and not str(device).startswith("cuda") or dtype == torch.float32:
         return None
     name = re.sub(r"^(NVIDIA |Tesla |GeForce )+", "", name or torch.cuda.get_device_name(device))
+    if dtype == torch.bfloat16 and re.fullmatch(NO_BFLOAT16_TENSOR_CORES, name):
+        return None
     return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, name)), None)
 
 def machine_name(device):
