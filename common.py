@@ -288,6 +288,15 @@ def dtype_words(amp):
         return "float16 autocast with a gradient scaler"
     return "bfloat16 autocast" if amp == torch.bfloat16 else "float32"
 
+def check_compile(compile_model, device):
+    """--compile_model on a CUDA GPU needs Triton (the inductor backend writes Triton kernels) and a GPU Triton can
+    drive: without, one line before any training instead of a traceback at the first forward."""
+    from torch.utils._triton import has_triton  # imports torch's compiler: only where it is wanted
+    if compile_model and str(device).startswith("cuda") and not has_triton():
+        raise UsageError("--compile_model: torch.compile needs Triton on a CUDA GPU, and this Python has none (or it "
+                         "cannot drive this GPU); run without --compile_model, or install Triton (pip install "
+                         "triton; on Windows pip install triton-windows)")
+
 # Dense tensor-core peaks (no 2:4 sparsity) in float16 and bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's
 # product datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce
 # whitepapers ("FP16 Tensor TFLOPS with FP32 Accumulate"): from Ampere on the two dtypes have one peak.

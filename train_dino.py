@@ -354,6 +354,7 @@ if __name__ == "__main__":
     if resume and eval_only:
         raise UsageError("--resume and --eval_only exclude each other")
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype too
+    common.check_compile(compile_model, common.resolve_device(device))
     if not eval_only:  # the model settings, before any data is loaded
         patch = common.config_from_options(config, "vit", img_size=global_size, num_classes=0).patch_size
         for key in ["local_size"] * (local_crops > 0) + ["seg_size"] * (seg_dataset != "none"):  # only sizes in use

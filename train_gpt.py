@@ -280,6 +280,7 @@ if __name__ == "__main__":
                           temperature, top_k, seed)
         raise SystemExit(0)
     common.amp_dtype(common.resolve_device(device), dtype)  # a bad --device or --dtype fails before out_dir is touched
+    common.check_compile(compile_model, common.resolve_device(device))
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
         common.finished_run(config, ckpt["step"], max_iters, "max_iters", 2 * max_iters)
     rank, local_rank, world, run_device = common.start_processes(out_dir, resume, cpu_procs, device)

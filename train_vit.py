@@ -253,6 +253,7 @@ if __name__ == "__main__":
         choices=dict(optimizer_name=("adamw", "lamb"), dataset=images.DATASETS + ("imagefolder",)))
 
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
+    common.check_compile(compile_model, common.resolve_device(device))
     # the model options (n_lap <= n_head, ...) before out_dir and the data; the image size once the data are read
     patch = patch_size if isinstance(patch_size, int) else nanolap.PRESETS.get(preset, {}).get("patch_size", 1)
     common.config_from_options(config, "vit", img_size=img_size or max(patch, 1))

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+import torch.utils._triton  # noqa: F401 (monkeypatched below)
 
 import common
 from conftest import ENV, ROOT, randomise
@@ -139,3 +140,19 @@ def test_train_gpt_trains_in_float16_on_the_cpu(data_dir, tmp_path, capsys):
     assert "cpu, float16 autocast with a gradient scaler" in capsys.readouterr().out
     assert float(common.read_result(str(tmp_path))["val_loss"]) < 10
     assert common.load_checkpoint(str(tmp_path / "ckpt.pt"))["scaler"]["scale"] > 0  # a scaler that was enabled
+
+
+# ---- failures in one line
+@pytest.mark.parametrize("script", ["train_vit.py", "train_gpt.py", "train_dino.py"])
+def test_compile_without_triton_is_one_line_before_training(monkeypatch, tmp_path, script):
+    fake_gpu(monkeypatch, "Tesla T4", (7, 5))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
+    monkeypatch.setattr(sys, "argv", [script, "--compile_model", "--device=cuda", f"--out_dir={tmp_path / 'run'}"])
+    with pytest.raises(common.UsageError, match=r"^--compile_model: torch.compile needs Triton on a CUDA GPU.*; run "
+                                                r"without --compile_model, or install Triton"):
+        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    assert not (tmp_path / "run").exists()  # nothing started
+    common.check_compile(True, "cpu")  # inductor on a CPU needs no Triton
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: True)
+    common.check_compile(True, "cuda")
