@@ -144,13 +144,16 @@ def declared_options(namespace):
     return {k: why for k, why in lines if k.islower() and isinstance(namespace.get(k, ()), literal)}
 
 def install_error_handler():
-    """Input mistakes, a non-finite loss and Ctrl-C end in one stderr line (no traceback) from the first process."""
+    """Input mistakes, a non-finite loss, running out of GPU memory and Ctrl-C end in one stderr line (no traceback)
+    from the first process."""
     def handler(kind, error, tb):
         rank = int(os.environ.get("RANK", 0))
         if issubclass(kind, KeyboardInterrupt):
             message = "interrupted; the last checkpoint is intact (continue with --resume)"
         elif issubclass(kind, (UsageError, OSError, FloatingPointError)):  # OSError: a missing file, a full disk, ...
             message = f"error: {error}"
+        elif is_out_of_memory(error):
+            message = f"error: out of memory {_memory_advice[0]}" if _memory_advice else f"error: {error}".split("\n")[0]
         elif not (rank > 0 and issubclass(kind, RuntimeError)):  # not a lost peer (rank 0 says why)
             return sys.__excepthook__(kind, error, tb)
         if rank == 0:
@@ -158,6 +161,17 @@ def install_error_handler():
         remove_empty_out_dirs()
         os._exit(1)  # skip the process group's destructor, which can abort once a peer is gone
     sys.excepthook = handler
+
+def is_out_of_memory(error):
+    """A CUDA out-of-memory error, or MPS's (a RuntimeError: 'MPS backend out of memory ...')."""
+    mps = isinstance(error, RuntimeError) and "MPS backend out of memory" in str(error)
+    return isinstance(error, torch.OutOfMemoryError) or mps
+
+_memory_advice = []  # what a run says when its device's memory runs out: set by on_out_of_memory
+
+def on_out_of_memory(advice):
+    """The error handler's one line when memory runs out later in this run: the run, the batch it tried, and what to lower."""
+    _memory_advice[:] = [advice]
 
 def config_from_options(options, kind, **fixed):
     """Model Config of a script's options: preset, then options named like Config fields (None = keep), then `fixed`."""

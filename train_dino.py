@@ -398,6 +398,9 @@ if __name__ == "__main__":
     master = rank == 0
     device_type = run_device.split(":")[0]
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
+    common.on_out_of_memory(f"in the run {out_dir} at {batch_size // world} images per process, {2 + local_crops} crops "
+                            f"each: lower --batch_size or --local_crops (no gradient accumulation here: more GPUs keep "
+                            f"the global batch of {batch_size}, torchrun --nproc_per_node=N splits it)")
     torch.manual_seed(seed)  # the same initial weights in every process
 
     # ---- data: the crops are cut on the device

@@ -304,6 +304,8 @@ if __name__ == "__main__":
         raise UsageError(f"--total_batch_size={total} is not a multiple of batch_size x block_size x processes = "
                          f"{batch_size} x {block_size} x {world} = {tokens_per_batch}")
     grad_accum = total // tokens_per_batch
+    common.on_out_of_memory(f"in the run {out_dir} at {batch_size} sequences of {block_size} tokens per process and "
+                            f"micro-step: lower --batch_size; --total_batch_size={total} keeps the global batch")
 
     # ---- model and optimisers (a resumed run restores both, its random state and its clock)
     model_cfg = common.config_from_options(config, "gpt", vocab_size=vocab_size)

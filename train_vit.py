@@ -296,6 +296,8 @@ if __name__ == "__main__":
     mean = torch.tensor(mean, device=run_device).view(1, -1, 1, 1)
     std = torch.tensor(std, device=run_device).view(1, -1, 1, 1)
     global_batch = batch_size * grad_accum * world
+    common.on_out_of_memory(f"in the run {out_dir} at {batch_size} images per process and micro-step: lower "
+                            f"--batch_size and raise --grad_accum as much to keep the global batch of {global_batch}")
     steps_per_epoch = n_train // global_batch
     if steps_per_epoch == 0:
         raise UsageError(f"the global batch ({global_batch} = batch_size * grad_accum * processes) is larger than "

@@ -143,6 +143,62 @@ def test_train_gpt_trains_in_float16_on_the_cpu(data_dir, tmp_path, capsys):
 
 
 # ---- failures in one line
+def run_script_with(prelude, script, *args):
+    """`python script args` with prelude run first in the same interpreter (a fake GPU failure)."""
+    code = f"import runpy, sys, torch, nanolap, common\n{prelude}\nsys.argv = {[script, *args]!r}\n" \
+           f"runpy.run_path({script!r}, run_name='__main__')"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+OUT_OF_MEMORY = {  # what a model call raises: CUDA's error class, and MPS's RuntimeError
+    "cuda": "torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",
+    "mps": "RuntimeError('MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.00 GB)')",
+}
+
+
+def test_the_error_handler_says_out_of_memory_in_one_line(monkeypatch, capfd):
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # put back after the test
+    monkeypatch.setattr(common, "_memory_advice", [])
+    monkeypatch.setattr(common.os, "_exit", sys.exit)
+    common.install_error_handler()
+    errors = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore"),
+              RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB).\nmore")]
+    for error in errors:  # before a script gave its advice: the error's first line
+        with pytest.raises(SystemExit):
+            sys.excepthook(type(error), error, None)
+        assert capfd.readouterr().err == "error: " + str(error).split("\n")[0] + "\n"
+    common.on_out_of_memory("in the run out-x at 8 images: lower --batch_size")
+    for error in errors:
+        with pytest.raises(SystemExit):
+            sys.excepthook(type(error), error, None)
+        assert capfd.readouterr().err == "error: out of memory in the run out-x at 8 images: lower --batch_size\n"
+    assert not common.is_out_of_memory(RuntimeError("expected all tensors to be on the same device"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, model, device, args, line", [
+    ("train_gpt.py", "GPT", "cuda", ["--batch_size=4", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                                     "--eval_iters=1"],
+     "at 4 sequences of 32 tokens per process and micro-step: lower --batch_size; --total_batch_size=128 keeps the "
+     "global batch"),
+    ("train_vit.py", "ViT", "mps", ["--dataset=synthetic", "--batch_size=64", "--grad_accum=2"],
+     "at 64 images per process and micro-step: lower --batch_size and raise --grad_accum as much to keep the global "
+     "batch of 128"),
+    ("train_dino.py", "ViT", "cuda", ["--dataset=synthetic", "--batch_size=32", "--local_crops=2", "--seg_dataset=none",
+                                      "--eval_train=64", "--eval_val=64"],
+     "at 32 images per process, 4 crops each: lower --batch_size or --local_crops (no gradient accumulation here: more "
+     "GPUs keep the global batch of 32, torchrun --nproc_per_node=N splits it)"),
+])
+def test_out_of_memory_is_one_line_naming_the_run_the_batch_and_what_to_lower(data_dir, tmp_path, script, model,
+                                                                              device, args, line):
+    raise_it = f"def out_of_memory(*args, **kwargs):\n    raise {OUT_OF_MEMORY[device]}\n" \
+               f"nanolap.{model}.forward = out_of_memory"
+    data = [f"--data_dir={data_dir}", "--dataset=tiny"] if script == "train_gpt.py" else []
+    done = run_script_with(raise_it, script, "--cpu_procs=1", *args, *data, f"--out_dir={tmp_path / 'run'}")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr == f"error: out of memory in the run {tmp_path / 'run'} {line}\n"
+
+
 @pytest.mark.parametrize("script", ["train_vit.py", "train_gpt.py", "train_dino.py"])
 def test_compile_without_triton_is_one_line_before_training(monkeypatch, tmp_path, script):
     fake_gpu(monkeypatch, "Tesla T4", (7, 5))
