@@ -197,7 +197,8 @@ def resolve_device(device):
 
 def launch_cpu_processes(nprocs, device):
     """DDP on a CPU without torchrun: with nprocs > 1 on the CPU, run this command in nprocs single-threaded processes
-    that form a gloo group (torchrun's variables, set here), and exit with their status; else (or in them) return."""
+    that form a gloo group (torchrun's variables, set here), and exit with their status; else (or in them) return.
+    Where their group cannot start, this process says so in one line and returns: it trains alone."""
     if nprocs < 1:
         raise UsageError(f"--cpu_procs={nprocs}: must be at least 1")
     if "NANOLAP_LAUNCHER" in os.environ:  # one of the processes: stop when the launcher is gone
@@ -208,6 +209,8 @@ def launch_cpu_processes(nprocs, device):
         port = s.getsockname()[1]
     env = dict(os.environ, WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), NANOLAP_LAUNCHER=str(os.getpid()), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    handle, env[GROUP_ERROR_FILE] = tempfile.mkstemp(prefix="nanolap-group-error-")
+    os.close(handle)
     procs = [subprocess.Popen([sys.executable, *sys.argv], env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(nprocs)]
     with suppress(KeyboardInterrupt):  # they got the same Ctrl-C and stop cleanly
         while all(p.poll() in (None, 0) for p in procs) and any(p.poll() is None for p in procs):
@@ -217,7 +220,24 @@ def launch_cpu_processes(nprocs, device):
     for p in procs:  # the others would wait for the failed one forever
         p.terminate() if p.poll() is None else None
         p.wait()
+    with open(env[GROUP_ERROR_FILE]) as f:
+        reason = f.read()
+    os.remove(env[GROUP_ERROR_FILE])
+    if reason:  # their process group did not start: this process trains alone
+        print(f"note: the gloo process group of {nprocs} CPU processes cannot start here ({reason}); training in one "
+              f"process instead, as --cpu_procs=1 would (where batch_size is per process, so is the global batch)",
+              flush=True)
+        return
     sys.exit(next((abs(p.returncode) for p in procs if p.returncode), 0))
+
+GROUP_ERROR_FILE = "NANOLAP_GROUP_ERROR"  # the environment variable naming where the processes say why their group failed
+
+def gloo_environment(os_name, torch_version):
+    """The environment a CPU process group needs. PyTorch 2.4 and later ask their TCPStore for libuv, which its Windows
+    builds lack: "use_libuv was requested but PyTorch was build without libuv support" (pytorch #139990); USE_LIBUV=0
+    is the workaround."""
+    version = tuple(int(part) for part in re.findall(r"\d+", torch_version)[:2])
+    return {"USE_LIBUV": "0"} if os_name == "nt" and version >= (2, 4) else {}
 
 def _exit_with_launcher(launcher):
     while os.getppid() == launcher:
@@ -235,7 +255,16 @@ def setup_distributed(device="auto"):
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    else:
+        os.environ.update(gloo_environment(os.name, torch.__version__))
+    try:
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    except Exception as e:  # launch_cpu_processes falls back to one process; under torchrun the error stands
+        if GROUP_ERROR_FILE not in os.environ:
+            raise
+        with open(os.environ[GROUP_ERROR_FILE], "w") as f:
+            f.write(str(e).strip().split("\n")[0] or type(e).__name__)
+        os._exit(1)
     return rank, local_rank, world, device
 
 def start_processes(out_dir, resume, cpu_procs, device):

@@ -212,3 +212,42 @@ def test_compile_without_triton_is_one_line_before_training(monkeypatch, tmp_pat
     common.check_compile(True, "cpu")  # inductor on a CPU needs no Triton
     monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: True)
     common.check_compile(True, "cuda")
+
+
+# ---- Windows and the CPU processes' group
+def test_gloo_turns_libuv_off_on_windows_from_torch_2_4(monkeypatch):
+    assert common.gloo_environment("nt", "2.5.1+cu121") == {"USE_LIBUV": "0"}
+    assert common.gloo_environment("nt", "2.4.0") == {"USE_LIBUV": "0"}
+    assert common.gloo_environment("nt", "2.3.1") == {}  # before libuv was the default
+    assert common.gloo_environment("posix", "2.5.1") == {}
+    seen = {}
+    monkeypatch.setattr(common.dist, "init_process_group", lambda backend: seen.update(os.environ))
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cpu")
+    monkeypatch.delenv("USE_LIBUV", raising=False)
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1").items():
+        monkeypatch.setenv(key, value)
+    real = os.name
+    os.name = "nt"  # only for this call: pytest's own reporting needs the real one
+    try:
+        started = common.setup_distributed("cpu")
+    finally:
+        os.name = real
+    assert started == (0, 0, 1, "cpu") and seen["USE_LIBUV"] == "0"
+
+
+@pytest.mark.slow
+def test_a_process_group_that_cannot_start_falls_back_to_one_process_in_one_line(tmp_path):
+    script = tmp_path / "group.py"
+    script.write_text(
+        "import os, common\n"
+        "def no_group(backend):\n"
+        "    raise RuntimeError('use_libuv was requested but PyTorch was build without libuv support')\n"
+        "common.dist.init_process_group = no_group\n"
+        "common.launch_cpu_processes(2, 'cpu')\n"
+        "print('world', common.setup_distributed('cpu')[2], 'RANK' in os.environ)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout == ("note: the gloo process group of 2 CPU processes cannot start here (use_libuv was requested "
+                           "but PyTorch was build without libuv support); training in one process instead, as "
+                           "--cpu_procs=1 would (where batch_size is per process, so is the global batch)\n"
+                           "world 1 False\n")
