@@ -68,7 +68,8 @@ def script_commands(tmp, data_dir):
         for dtype in ("float16", "float32"):  # float32: the reference that shows autocast changed the arithmetic
             commands[f"{dtype} {kind}"] = [sys.executable, f"train_{kind}.py", *TINY[kind], f"--dtype={dtype}",
                                            f"--out_dir={tmp / (dtype + '-' + kind)}"]
-            commands[f"{dtype} {kind}"] += data + ["--cpu_procs=1"] if kind == "gpt" else []
+            if kind == "gpt":  # its data, in one process
+                commands[f"{dtype} {kind}"] += data + ["--cpu_procs=1"]
     return commands
 
 
