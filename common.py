@@ -224,9 +224,9 @@ def launch_cpu_processes(nprocs, device):
         reason = f.read()
     os.remove(env[GROUP_ERROR_FILE])
     if reason:  # their process group did not start: this process trains alone
-        print(f"note: the gloo process group of {nprocs} CPU processes cannot start here ({reason}); training in one "
-              f"process instead, as --cpu_procs=1 would (where batch_size is per process, so is the global batch)",
-              flush=True)
+        print(f"note: the gloo process group of {nprocs} CPU processes cannot start here ({reason}); training in this "
+              f"one process instead, as --cpu_procs=1 does (where batch_size is per process, the global batch is "
+              f"{nprocs} times smaller)", flush=True)
         return
     sys.exit(next((abs(p.returncode) for p in procs if p.returncode), 0))
 

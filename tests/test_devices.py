@@ -248,6 +248,6 @@ def test_a_process_group_that_cannot_start_falls_back_to_one_process_in_one_line
     done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout == ("note: the gloo process group of 2 CPU processes cannot start here (use_libuv was requested "
-                           "but PyTorch was build without libuv support); training in one process instead, as "
-                           "--cpu_procs=1 would (where batch_size is per process, so is the global batch)\n"
+                           "but PyTorch was build without libuv support); training in this one process instead, as "
+                           "--cpu_procs=1 does (where batch_size is per process, the global batch is 2 times smaller)\n"
                            "world 1 False\n")
