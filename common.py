@@ -209,8 +209,9 @@ def launch_cpu_processes(nprocs, device):
         port = s.getsockname()[1]
     env = dict(os.environ, WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), NANOLAP_LAUNCHER=str(os.getpid()), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
-    handle, env[GROUP_ERROR_FILE] = tempfile.mkstemp(prefix="nanolap-group-error-")
-    os.close(handle)
+    env[GROUP_ERROR_FILE] = os.path.join(tempfile.gettempdir(), f"nanolap-group-error-{os.getpid()}.txt")
+    with suppress(OSError):  # left by a killed launcher of the same process id
+        os.remove(env[GROUP_ERROR_FILE])
     procs = [subprocess.Popen([sys.executable, *sys.argv], env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(nprocs)]
     with suppress(KeyboardInterrupt):  # they got the same Ctrl-C and stop cleanly
         while all(p.poll() in (None, 0) for p in procs) and any(p.poll() is None for p in procs):
@@ -220,17 +221,17 @@ def launch_cpu_processes(nprocs, device):
     for p in procs:  # the others would wait for the failed one forever
         p.terminate() if p.poll() is None else None
         p.wait()
-    with open(env[GROUP_ERROR_FILE]) as f:
-        reason = f.read()
-    os.remove(env[GROUP_ERROR_FILE])
-    if reason:  # their process group did not start: this process trains alone
+    if os.path.isfile(env[GROUP_ERROR_FILE]):  # their process group did not start: this process trains alone
+        with open(env[GROUP_ERROR_FILE]) as f:
+            reason = f.read()
+        os.remove(env[GROUP_ERROR_FILE])
         print(f"note: the gloo process group of {nprocs} CPU processes cannot start here ({reason}); training in this "
               f"one process instead, as --cpu_procs=1 does (where batch_size is per process, the global batch is "
               f"{nprocs} times smaller)", flush=True)
         return
     sys.exit(next((abs(p.returncode) for p in procs if p.returncode), 0))
 
-GROUP_ERROR_FILE = "NANOLAP_GROUP_ERROR"  # the environment variable naming where the processes say why their group failed
+GROUP_ERROR_FILE = "NANOLAP_GROUP_ERROR"  # names the file where the processes say why their group failed
 
 def gloo_environment(os_name, torch_version):
     """The environment a CPU process group needs. PyTorch 2.4 and later ask their TCPStore for libuv, which its Windows
