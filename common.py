@@ -145,13 +145,16 @@ def declared_options(namespace):
     return {k: why for k, why in lines if k.islower() and isinstance(namespace.get(k, ()), literal)}
 
 def install_error_handler():
-    """Input mistakes, a non-finite loss and Ctrl-C end in one stderr line (no traceback) from the first process."""
+    """Input mistakes, a non-finite loss, running out of GPU memory and Ctrl-C end in one stderr line (no traceback)
+    from the first process."""
     def handler(kind, error, tb):
         rank = int(os.environ.get("RANK", 0))
         if issubclass(kind, KeyboardInterrupt):
             message = "interrupted; the last checkpoint is intact (continue with --resume)"
         elif issubclass(kind, (UsageError, OSError, FloatingPointError)):  # OSError: a missing file, a full disk, ...
             message = f"error: {error}"
+        elif is_out_of_memory(error):
+            message = f"error: out of memory {_memory_advice[0]}" if _memory_advice else f"error: {error}".split("\n")[0]
         elif not (rank > 0 and issubclass(kind, RuntimeError)):  # not a lost peer (rank 0 says why)
             return sys.__excepthook__(kind, error, tb)
         if rank == 0:
@@ -159,6 +162,17 @@ def install_error_handler():
         remove_empty_out_dirs()
         os._exit(1)  # skip the process group's destructor, which can abort once a peer is gone
     sys.excepthook = handler
+
+def is_out_of_memory(error):
+    """A CUDA out-of-memory error, or MPS's (a RuntimeError: 'MPS backend out of memory ...')."""
+    mps = isinstance(error, RuntimeError) and "MPS backend out of memory" in str(error)
+    return isinstance(error, torch.OutOfMemoryError) or mps
+
+_memory_advice = []  # what a run says when its device's memory runs out: set by on_out_of_memory
+
+def on_out_of_memory(advice):
+    """The error handler's one line when memory runs out later in this run: the run, the batch it tried, and what to lower."""
+    _memory_advice[:] = [advice]
 
 def config_from_options(options, kind, **fixed):
     """Model Config of a script's options: preset, then options named like Config fields (None = keep), then `fixed`."""
@@ -184,7 +198,8 @@ def resolve_device(device):
 
 def launch_cpu_processes(nprocs, device):
     """DDP on a CPU without torchrun: with nprocs > 1 on the CPU, run this command in nprocs single-threaded processes
-    that form a gloo group (torchrun's variables, set here), and exit with their status; else (or in them) return."""
+    that form a gloo group (torchrun's variables, set here), and exit with their status; else (or in them) return.
+    Where their group cannot start, this process says so in one line and returns: it trains alone."""
     if nprocs < 1:
         raise UsageError(f"--cpu_procs={nprocs}: must be at least 1")
     if "NANOLAP_LAUNCHER" in os.environ:  # one of the processes: stop when the launcher is gone
@@ -195,6 +210,9 @@ def launch_cpu_processes(nprocs, device):
         port = s.getsockname()[1]
     env = dict(os.environ, WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), NANOLAP_LAUNCHER=str(os.getpid()), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    env[GROUP_ERROR_FILE] = os.path.join(tempfile.gettempdir(), f"nanolap-group-error-{os.getpid()}.txt")
+    with suppress(OSError):  # left by a killed launcher of the same process id
+        os.remove(env[GROUP_ERROR_FILE])
     procs = [subprocess.Popen([sys.executable, *sys.argv], env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(nprocs)]
     with suppress(KeyboardInterrupt):  # they got the same Ctrl-C and stop cleanly
         while all(p.poll() in (None, 0) for p in procs) and any(p.poll() is None for p in procs):
@@ -204,7 +222,24 @@ def launch_cpu_processes(nprocs, device):
     for p in procs:  # the others would wait for the failed one forever
         p.terminate() if p.poll() is None else None
         p.wait()
+    if os.path.isfile(env[GROUP_ERROR_FILE]):  # their process group did not start: this process trains alone
+        with open(env[GROUP_ERROR_FILE]) as f:
+            reason = f.read()
+        os.remove(env[GROUP_ERROR_FILE])
+        print(f"note: the gloo process group of {nprocs} CPU processes cannot start here ({reason}); training in this "
+              f"one process instead, as --cpu_procs=1 does (where batch_size is per process, the global batch is "
+              f"{nprocs} times smaller)", flush=True)
+        return
     sys.exit(next((abs(p.returncode) for p in procs if p.returncode), 0))
+
+GROUP_ERROR_FILE = "NANOLAP_GROUP_ERROR"  # names the file where the processes say why their group failed
+
+def gloo_environment(os_name, torch_version):
+    """The environment a CPU process group needs. PyTorch 2.4 and later ask their TCPStore for libuv, which its Windows
+    builds lack: "use_libuv was requested but PyTorch was build without libuv support" (pytorch #139990); USE_LIBUV=0
+    is the workaround."""
+    version = tuple(int(part) for part in re.findall(r"\d+", torch_version)[:2])
+    return {"USE_LIBUV": "0"} if os_name == "nt" and version >= (2, 4) else {}
 
 def _exit_with_launcher(launcher):
     while os.getppid() == launcher:
@@ -222,7 +257,16 @@ def setup_distributed(device="auto"):
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    else:
+        os.environ.update(gloo_environment(os.name, torch.__version__))
+    try:
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    except Exception as e:  # launch_cpu_processes falls back to one process; under torchrun the error stands
+        if GROUP_ERROR_FILE not in os.environ:
+            raise
+        with open(os.environ[GROUP_ERROR_FILE], "w") as f:
+            f.write(str(e).strip().split("\n")[0] or type(e).__name__)
+        os._exit(1)
     return rank, local_rank, world, device
 
 def start_processes(out_dir, resume, cpu_procs, device):
@@ -265,17 +309,42 @@ def all_reduce_mean(x, device="cpu"):
         t /= dist.get_world_size()
     return t.item() if t.ndim == 0 else t
 
-def autocast(device, dtype):
-    """(context, dtype) of --dtype: 'auto' = bfloat16 autocast on CUDA, float32 elsewhere."""
-    if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise UsageError(f"--dtype={dtype!r}: choose auto, float32, bfloat16 or float16")
-    kind = str(device).split(":")[0]
-    amp = getattr(torch, ("bfloat16" if kind == "cuda" else "float32") if dtype == "auto" else dtype)
-    return (nullcontext() if amp == torch.float32 else torch.autocast(kind, dtype=amp)), amp
+def amp_dtype(device, requested="auto"):
+    """The dtype of --dtype on device. 'auto': bfloat16 where the GPU has bfloat16 tensor cores (capability 8.0 and up,
+    as nanochat decides); float16 with a gradient scaler below (a T4: torch.cuda.is_bf16_supported() says True there,
+    but bfloat16 is emulated, slowly, and the memory-efficient attention kernel takes only float16); float32 on a CPU
+    and on MPS."""
+    if requested not in ("auto", "float32", "bfloat16", "float16"):
+        raise UsageError(f"--dtype={requested!r}: choose auto, float32, bfloat16 or float16")
+    if requested != "auto":
+        return getattr(torch, requested)
+    if not str(device).startswith("cuda"):
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
 
-# Dense tensor-core peaks (no 2:4 sparsity) in bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's product
-# datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce whitepapers
-# ("FP16 Tensor TFLOPS with FP32 Accumulate"). T4 and V100 have no bfloat16 tensor cores: their float16 peaks.
+def autocast(device, dtype):
+    """(context, dtype) of --dtype (amp_dtype). float16 needs a torch.amp.GradScaler, enabled=dtype == torch.float16."""
+    amp = amp_dtype(device, dtype)
+    return (nullcontext() if amp == torch.float32 else torch.autocast(str(device).split(":")[0], dtype=amp)), amp
+
+def dtype_words(amp):
+    """How a run names its arithmetic (amp_dtype's answer) in its first lines."""
+    if amp == torch.float16:
+        return "float16 autocast with a gradient scaler"
+    return "bfloat16 autocast" if amp == torch.bfloat16 else "float32"
+
+def check_compile(compile_model, device):
+    """--compile_model on a CUDA GPU needs Triton (the inductor backend writes Triton kernels) and a GPU Triton can
+    drive: without, one line before any training instead of a traceback at the first forward."""
+    from torch.utils._triton import has_triton  # imports torch's compiler: only where it is wanted
+    if compile_model and str(device).startswith("cuda") and not has_triton():
+        raise UsageError("--compile_model: torch.compile needs Triton on a CUDA GPU, and this Python has none (or it "
+                         "cannot drive this GPU); run without --compile_model, or install Triton (pip install "
+                         "triton; on Windows pip install triton-windows)")
+
+# Dense tensor-core peaks (no 2:4 sparsity) in float16 and bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's
+# product datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce
+# whitepapers ("FP16 Tensor TFLOPS with FP32 Accumulate"): from Ampere on the two dtypes have one peak.
 # Keys are whole names (torch.cuda.get_device_name() without "NVIDIA", "Tesla", "GeForce"): an H100 PCIe is no
 # H100 SXM, an A10G no A10, an L40 no L40S, and a MIG slice or a laptop RTX 4090 is a smaller chip: no MFU for those.
 GPU_PEAK_FLOPS = {
@@ -285,12 +354,16 @@ GPU_PEAK_FLOPS = {
     r"L40": 181e12, r"T4": 65e12, r"V100-SXM2-\d+GB": 125e12, r"V100-PCIE-\d+GB": 112e12, r"RTX A6000": 154.8e12,
     r"RTX 4090": 165.2e12, r"RTX 4080": 97.5e12, r"RTX 3090 Ti": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
 }
+NO_BFLOAT16_TENSOR_CORES = r"T4|V100-.*"  # the table's GPUs before Ampere: float16 only, bfloat16 is emulated there
 
-def peak_flops(device, name=None):
-    """Dense bf16 peak FLOP/s of a CUDA device (or of a GPU called `name`), for MFU; None for a CPU or an unknown GPU."""
-    if name is None and not str(device).startswith("cuda"):
+def peak_flops(device, name=None, dtype=torch.float16):
+    """Dense peak FLOP/s of a CUDA device (or of a GPU called `name`) in dtype, for MFU; None for a CPU, an unknown
+    GPU, float32 (TF32 peaks are not in the table) and bfloat16 on a GPU without bfloat16 tensor cores."""
+    if name is None and not str(device).startswith("cuda") or dtype == torch.float32:
         return None
     name = re.sub(r"^(NVIDIA |Tesla |GeForce )+", "", name or torch.cuda.get_device_name(device))
+    if dtype == torch.bfloat16 and re.fullmatch(NO_BFLOAT16_TENSOR_CORES, name):
+        return None
     return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, name)), None)
 
 def machine_name(device):

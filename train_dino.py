@@ -110,7 +110,7 @@ grad_clip = 3.0  # clip each parameter's gradient norm to this (DINO's clip_grad
 freeze_last_layer = 0.0  # epochs in which the head's last layer is not updated (DINO: 1); short runs lose more than gain
 # system
 device = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps
-dtype = "auto"  # auto (bfloat16 on CUDA, float32 elsewhere), float32, bfloat16 or float16 (with a GradScaler)
+dtype = "auto"  # auto: bfloat16 on GPUs from Ampere on, float16 (GradScaler) on older ones, float32 on CPU/MPS
 compile_model = False  # torch.compile the backbones: faster steps on a GPU after a slow first one
 cpu_procs = 2  # on a CPU without torchrun: this many single-threaded data-parallel processes (beat threads); 1 = one
 # evaluation
@@ -354,6 +354,7 @@ if __name__ == "__main__":
     if resume and eval_only:
         raise UsageError("--resume and --eval_only exclude each other")
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype too
+    common.check_compile(compile_model, common.resolve_device(device))
     if not eval_only:  # the model settings, before any data is loaded
         patch = common.config_from_options(config, "vit", img_size=global_size, num_classes=0).patch_size
         for key in ["local_size"] * (local_crops > 0) + ["seg_size"] * (seg_dataset != "none"):  # only sizes in use
@@ -397,6 +398,9 @@ if __name__ == "__main__":
     master = rank == 0
     device_type = run_device.split(":")[0]
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
+    common.on_out_of_memory(f"in the run {out_dir} at {batch_size // world} images per process, {2 + local_crops} crops "
+                            f"each: lower --batch_size or --local_crops (no gradient accumulation here: more GPUs keep "
+                            f"the global batch of {batch_size}, torchrun --nproc_per_node=N splits it)")
     torch.manual_seed(seed)  # the same initial weights in every process
 
     # ---- data: the crops are cut on the device
@@ -434,7 +438,8 @@ if __name__ == "__main__":
     center = torch.zeros(1, out_dim, device=run_device)
     print0(f"backbone: {s_cfg.n_layer} layers, {s_cfg.n_head} heads, {s_cfg.lap_schedule()} Laplacian, d={s_cfg.n_embd}, "
            f"patch {s_cfg.patch_size}, {student.backbone.num_params():,} params; DINO head with {out_dim} prototypes; "
-           f"{n_train} images, {total_steps} steps; " + (f"{local_crops} local crops" if local_crops else "no local crops"))
+           f"{n_train} images, {total_steps} steps; " + (f"{local_crops} local crops" if local_crops else "no local crops")
+           + f"; {run_device}, {common.dtype_words(amp_dtype)}")
 
     # ---- optimiser (and the state of a resumed run)
     optimizer = torch.optim.AdamW(param_groups(student), lr=0.0, fused=device_type in ("cuda", "cpu"))

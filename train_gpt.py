@@ -84,7 +84,7 @@ warmdown_frac = 0.2  # the last fraction of the schedule decays linearly ...
 final_lr_frac = 0.0  # ... to this fraction of the peak learning rate
 # system
 device = "auto"  # auto = cuda (torchrun: one GPU per process), else mps, else cpu; or cpu, cuda, cuda:N, mps
-dtype = "auto"  # auto = bfloat16 autocast on CUDA, float32 elsewhere; float16 is refused (no gradient scaler)
+dtype = "auto"  # auto: bfloat16 on GPUs from Ampere on, float16 (gradient scaler) on older ones, float32 on CPU/MPS
 compile_model = False  # torch.compile the model for training: faster on GPUs after a minute of compiling
 cpu_procs = 2  # CPU without torchrun: data-parallel single-threaded processes (the batch grows with them); 1 = this one
 seed = 1337  # the initial weights, the batches, dropout and the samples are functions of it
@@ -126,14 +126,16 @@ def train_batch(tokens, seed, step, chunk, batch_size, block_size, device):
     x, y = text.get_batch(tokens, seed, step, 0, (chunk + 1) * batch_size, block_size, "cpu")  # ((chunk + 1) * B, T)
     return x[chunk * batch_size:].to(device), y[chunk * batch_size:].to(device)  # (B, T)
 
-def orthogonalize(G, steps=5, eps=1e-7):
+def orthogonalize(G, steps=5, eps=1e-7, dtype=torch.float32):
     """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, for each
     matrix of a stack G (..., rows, cols), with the quintic coefficients of Keller Jordan's Muon (also
-    torch.optim.Muon's): fast, and the singular values end spread around 1, which does not hurt training."""
+    torch.optim.Muon's): fast, and the singular values end spread around 1, which does not hurt training.
+    dtype: bfloat16 where the GPU has bfloat16 tensor cores, else float32 (the safe choice: float16's small range
+    risks overflow and underflow in the iteration's products)."""
     a = 3.4445  # the quintic's coefficients, one polynomial
     b = -4.7750
     c = 2.0315
-    X = G.bfloat16() if G.is_cuda else G.float()  # bf16 on GPU; on a CPU float32 (bf16 is emulated there)
+    X = G.to(dtype)
     if X.size(-2) > X.size(-1):
         X = X.mT
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
@@ -148,8 +150,9 @@ class Muon(torch.optim.Optimizer):
     update as torch.optim.Muon, which however always orthogonalises in bfloat16. A group with blocks=n
     holds matrices of n stacked blocks (the fused qkv: q, k, v), each updated as a matrix of its own."""
 
-    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, ns_steps=5, blocks=1):
+    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, ns_steps=5, blocks=1, ns_dtype=torch.float32):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps, blocks=blocks))
+        self.ns_dtype = ns_dtype  # the Newton-Schulz iteration's dtype (orthogonalize)
 
     @torch.no_grad()
     def step(self):
@@ -167,7 +170,8 @@ class Muon(torch.optim.Optimizer):
                 continue
             g = p.grad.lerp(buf, group["momentum"]).view(group["blocks"], -1, p.size(1))  # Nesterov, (blocks, rows, cols)
             p.mul_(1 - group["lr"] * group["weight_decay"])
-            p.add_(orthogonalize(g, group["ns_steps"]).view_as(p), alpha=-group["lr"] * max(1.0, g.size(1) / g.size(2)) ** 0.5)
+            update = orthogonalize(g, group["ns_steps"], dtype=self.ns_dtype).view_as(p)
+            p.add_(update, alpha=-group["lr"] * max(1.0, g.size(1) / g.size(2)) ** 0.5)
         if world > 1:
             handles = [dist.broadcast(p, src=i % world, async_op=True) for i, (_, p) in enumerate(params)]
             for handle in handles:
@@ -176,8 +180,10 @@ class Muon(torch.optim.Optimizer):
 def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas):
     """nanochat (kind 'muon'): Muon for the 2-D matrices inside the blocks, AdamW for the embedding and
     the lm_head (learning rates scaled by 1/sqrt(n_embd / 768), tuned at width 768). Or (kind 'adamw')
-    one AdamW for everything. Every group remembers its peak learning rate as initial_lr."""
+    one AdamW for everything. Every group remembers its peak learning rate as initial_lr. Muon orthogonalises in
+    bfloat16 where --dtype=auto would train in it, else in float32."""
     on_cuda = next(model.parameters()).is_cuda
+    auto = common.amp_dtype(next(model.parameters()).device)
     if kind == "adamw":
         groups = [dict(params=list(model.parameters()), lr=lr, weight_decay=weight_decay)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, fused=on_cuda)]
@@ -191,11 +197,26 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
                       Muon([dict(params=matrices), dict(params=qkv, blocks=len(qkv[0]) // model.config.n_embd)],
-                           lr=matrix_lr, weight_decay=weight_decay)]
+                           lr=matrix_lr, weight_decay=weight_decay,
+                           ns_dtype=torch.bfloat16 if auto == torch.bfloat16 else torch.float32)]
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]
     return optimizers
+
+def optimizer_step(optimizers, scaler, params, grad_clip, step):
+    """Clip the gradients of params and step every optimiser. With float16 the loss was scaled (a GradScaler): every
+    optimiser's gradients are unscaled first (the clip needs their true norm), each optimiser then steps unless its
+    gradients overflowed, and the scale is updated once. Without float16 the scaler does nothing."""
+    for optimizer in optimizers:
+        scaler.unscale_(optimizer)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf))
+    if not math.isfinite(grad_norm) and not scaler.is_enabled():  # the norm is global: every process stops here
+        raise FloatingPointError(f"non-finite gradient norm at step {step}: stopped before the optimiser "
+                                 f"step; the last checkpoint is intact. Try a lower learning rate.")
+    for optimizer in optimizers:
+        scaler.step(optimizer)  # float16: skipped (and the scale lowered) when its gradients overflowed
+    scaler.update()
 
 def get_lr_multiplier(step, max_iters, warmup_iters, warmdown_frac, final_lr_frac):
     """Linear warm-up, constant, then a linear warm-down over the last warmdown_frac of the schedule
@@ -244,9 +265,6 @@ def sample_checkpoint(path, device, prompt, num_samples, max_new_tokens, tempera
 if __name__ == "__main__":
     config, ckpt = common.configure(globals(), schedule=("max_iters", "warmup_iters", "warmdown_frac"))
     # ---- validation: every mistake in the options fails here, in one line, before any work
-    if dtype not in ("auto", "float32", "bfloat16"):
-        raise UsageError(f"--dtype={dtype!r}: choose auto, bfloat16 or float32" + (
-            " (float16 needs a gradient scaler, which train_gpt.py does not use)" if dtype == "float16" else ""))
     common.check_options(config, at_least={
         1: ("max_iters", "eval_interval", "eval_iters", "log_interval", "block_size", "batch_size", "num_samples"),
         0: ("stop_at_step", "warmup_iters", "total_batch_size", "seed", "max_new_tokens", "top_k", "temperature",
@@ -262,7 +280,8 @@ if __name__ == "__main__":
         sample_checkpoint(sample_from, common.resolve_device(device), prompt, num_samples, max_new_tokens,
                           temperature, top_k, seed)
         raise SystemExit(0)
-    common.resolve_device(device)  # a bad --device fails before out_dir is touched
+    common.amp_dtype(common.resolve_device(device), dtype)  # a bad --device or --dtype fails before out_dir is touched
+    common.check_compile(compile_model, common.resolve_device(device))
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
         common.finished_run(config, ckpt["step"], max_iters, "max_iters", 2 * max_iters)
     rank, local_rank, world, run_device = common.start_processes(out_dir, resume, cpu_procs, device)
@@ -286,12 +305,16 @@ if __name__ == "__main__":
         raise UsageError(f"--total_batch_size={total} is not a multiple of batch_size x block_size x processes = "
                          f"{batch_size} x {block_size} x {world} = {tokens_per_batch}")
     grad_accum = total // tokens_per_batch
+    common.on_out_of_memory(f"in the run {out_dir} at {batch_size} sequences of {block_size} tokens per process and "
+                            f"micro-step: lower --batch_size; --total_batch_size={total} keeps the global batch")
 
     # ---- model and optimisers (a resumed run restores both, its random state and its clock)
     model_cfg = common.config_from_options(config, "gpt", vocab_size=vocab_size)
     raw_model = nanolap.build_model(model_cfg).to(run_device)
     optimizers = build_optimizers(raw_model, optimizer_name, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay,
                                   (beta1, beta2))
+    ctx, amp_dtype = common.autocast(run_device, dtype)
+    scaler = torch.amp.GradScaler(run_device.split(":")[0], enabled=amp_dtype == torch.float16)  # float16 only
     step = 0
     best_val_loss = float("inf")
     time_before = 0.0  # training time of earlier runs
@@ -304,6 +327,8 @@ if __name__ == "__main__":
             for group, h in zip(optimizer.param_groups, hyper):
                 group.update(h)  # ... hyperparameters from the options (identical unless overridden now)
         common.set_rng_state(ckpt["rng"])
+        if ckpt.get("scaler"):  # a float16 run's loss scale
+            scaler.load_state_dict(ckpt["scaler"])
         step = ckpt["step"]
         best_val_loss = ckpt["best_val_loss"]
         time_before = ckpt["seconds"]
@@ -316,8 +341,7 @@ if __name__ == "__main__":
         # option forward_sync_buffers and warns on the old broadcast_buffers
         no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
         ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, **{no_sync: False})
-    ctx, amp_dtype = common.autocast(run_device, dtype)
-    peak = common.peak_flops(run_device)
+    peak = common.peak_flops(run_device, dtype=amp_dtype)
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
     corpus = meta.get("corpus", "unknown")  # kept there too: losses on two corpora do not compare (prepare.py names it)
     flops_per_step = raw_model.flops_per_token(block_size) * total
@@ -335,7 +359,7 @@ if __name__ == "__main__":
            f"({raw_model.num_params(exclude_embedding=True) / 1e6:.2f}M without the embedding)")
     print0(f"batch: {total:,} tokens per step = {batch_size} x {block_size} tokens x {world} process(es) x "
            f"{grad_accum} micro-step(s); {optimizer_name} optimiser; {run_device}, "
-           f"{'float32' if amp_dtype == torch.float32 else 'bfloat16 autocast'}{', compiled' if compile_model else ''}")
+           f"{common.dtype_words(amp_dtype)}{', compiled' if compile_model else ''}")
     if master and ckpt is not None:
         print(f"resumed from {ckpt_path} at step {step}")
         with open(log_path, "a+") as f:  # a+: the file may not exist yet
@@ -374,7 +398,8 @@ if __name__ == "__main__":
             common.save_checkpoint(dict(
                 kind="gpt", model_config=asdict(model_cfg), model=common.clean_state_dict(raw_model.state_dict()),
                 config=config, meta={k: v for k, v in meta.items() if k != "token_bytes"},
-                optimizer=[optimizer.state_dict() for optimizer in optimizers], step=step, rng=common.rng_state(),
+                optimizer=[optimizer.state_dict() for optimizer in optimizers], scaler=scaler.state_dict(),
+                step=step, rng=common.rng_state(),
                 best_val_loss=best_val_loss, seconds=time_before + time.time() - t0), ckpt_path)
         if last or stopped:
             break
@@ -395,16 +420,11 @@ if __name__ == "__main__":
             with nullcontext() if sync else ddp_model.no_sync():
                 with ctx:
                     _, loss = ddp_model(x, y)  # logits (B, T, vocab), mean cross-entropy
-                (loss / grad_accum).backward()
+                scaler.scale(loss / grad_accum).backward()
             loss_step += loss.detach() / grad_accum
         loss_step = loss_step.item()  # one synchronisation per step, for the non-finite guard
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip or math.inf))
         common.check_finite(loss_step, step)
-        if not math.isfinite(grad_norm):  # the norm is global: every process stops at the same step
-            raise FloatingPointError(f"non-finite gradient norm at step {step}: stopped before the optimiser "
-                                     f"step; the last checkpoint is intact. Try a lower learning rate.")
-        for optimizer in optimizers:
-            optimizer.step()
+        optimizer_step(optimizers, scaler, raw_model.parameters(), grad_clip, step)
         raw_model.zero_grad(set_to_none=True)
         step += 1
         dt = time.time() - t_step

@@ -87,7 +87,7 @@ beta2 = 0.999  # Adam's second-moment decay; lower (0.99, 0.95) is steadier with
 grad_clip = 1.0  # clip the global gradient norm, a guard against loss spikes; 0 = off
 # system
 device = "auto"  # auto (cuda > mps > cpu; torchrun: one GPU per process) | cpu | cuda | cuda:N | mps
-dtype = "auto"  # auto (bfloat16 autocast on CUDA, float32 elsewhere) | float32 | bfloat16 | float16 (grad scaler)
+dtype = "auto"  # auto: bfloat16 on GPUs from Ampere on, float16 (grad scaler) on older ones, float32 on CPU/MPS
 compile_model = False  # torch.compile the model: faster on a GPU after a warm-up of a minute or so
 cpu_procs = 2  # CPU without torchrun: data-parallel single-threaded processes; 1 = this one
 cpu_threads = 1  # torch threads per process on a CPU; 0 = torch's default (one per core)
@@ -253,6 +253,7 @@ if __name__ == "__main__":
         choices=dict(optimizer_name=("adamw", "lamb"), dataset=images.DATASETS + ("imagefolder",)))
 
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
+    common.check_compile(compile_model, common.resolve_device(device))
     # the model options (n_lap <= n_head, ...) before out_dir and the data; the image size once the data are read
     patch = patch_size if isinstance(patch_size, int) else nanolap.PRESETS.get(preset, {}).get("patch_size", 1)
     common.config_from_options(config, "vit", img_size=img_size or max(patch, 1))
@@ -295,6 +296,8 @@ if __name__ == "__main__":
     mean = torch.tensor(mean, device=run_device).view(1, -1, 1, 1)
     std = torch.tensor(std, device=run_device).view(1, -1, 1, 1)
     global_batch = batch_size * grad_accum * world
+    common.on_out_of_memory(f"in the run {out_dir} at {batch_size} images per process and micro-step: lower "
+                            f"--batch_size and raise --grad_accum as much to keep the global batch of {global_batch}")
     steps_per_epoch = n_train // global_batch
     if steps_per_epoch == 0:
         raise UsageError(f"the global batch ({global_batch} = batch_size * grad_accum * processes) is larger than "
@@ -333,12 +336,13 @@ if __name__ == "__main__":
     mixer = augment.make_mixer(mixup, cutmix, num_classes)
     tokens = model_config.img_size ** 2 // model_config.patch_size ** 2 + 1
     flops_per_img = raw_model.flops_per_token(tokens) * tokens
-    peak = common.peak_flops(run_device)
+    peak = common.peak_flops(run_device, dtype=amp_dtype)
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{resolution}x{resolution}, "
-           f"{num_classes} classes, on {run_device}, {world} process{'es' if world > 1 else ''}")
+           f"{num_classes} classes, on {run_device} in {common.dtype_words(amp_dtype)}, "
+           f"{world} process{'es' if world > 1 else ''}")
     print0(f"model: {preset} {model_config.n_layer} layers, d {model_config.n_embd}, {model_config.n_head} heads, "
            f"patch {model_config.patch_size} ({tokens} tokens), Laplacian heads per layer "
            f"{model_config.lap_schedule()}, {raw_model.num_params():,} params")

@@ -64,10 +64,12 @@ def script_commands(tmp, data_dir):
     commands["bfloat16 vit"] = gpu_check.default_command("cpu", str(tmp)) + TINY["vit"] + bf16
     commands["bfloat16 gpt"] = gpu_check.torchrun_commands(1, str(tmp))["gpt"] + TINY["gpt"] + data + bf16
     commands["bfloat16 dino"] = [sys.executable, "train_dino.py", *TINY["dino"], *bf16, f"--out_dir={tmp / 'bf16-dino'}"]
-    for kind in ("vit", "dino"):  # train_gpt.py refuses float16: it has no gradient scaler
+    for kind in ("vit", "gpt", "dino"):
         for dtype in ("float16", "float32"):  # float32: the reference that shows autocast changed the arithmetic
             commands[f"{dtype} {kind}"] = [sys.executable, f"train_{kind}.py", *TINY[kind], f"--dtype={dtype}",
                                            f"--out_dir={tmp / (dtype + '-' + kind)}"]
+            if kind == "gpt":  # its data, in one process
+                commands[f"{dtype} {kind}"] += data + ["--cpu_procs=1"]
     return commands
 
 
@@ -137,7 +139,7 @@ def test_each_script_under_bfloat16_cpu_autocast(script_run, kind):
         assert row["number"] == gpu_check.result_of(lines)["val_acc"] and row["ok"] == (low <= float(row["number"]) <= high)
 
 
-@pytest.mark.parametrize("kind", ["vit", "dino"])
+@pytest.mark.parametrize("kind", ["vit", "gpt", "dino"])
 def test_float16_trains_with_its_gradient_scaler(script_run, kind):
     code, lines, out = script_run(f"float16 {kind}")
     assert losses(lines) and all(map(math.isfinite, losses(lines)))

@@ -374,7 +374,7 @@ def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
     (["--preset=vit-tiny"], "--preset='vit-tiny': choose one of ['gpt-d20', 'gpt-small', 'gpt-tiny']"),
     (["--optimizer_name=sgd"], "--optimizer_name='sgd': choose one of muon, adamw"),
     (["--optimizer=adamw"], "unknown option --optimizer"),  # the old name of --optimizer_name
-    (["--dtype=float16"], "float16 needs a gradient scaler"),
+    (["--dtype=fp8"], "--dtype='fp8': choose auto, float32, bfloat16 or float16"),
     (["--max_iters=0"], "--max_iters=0: must be at least 1"),
     (["--stop_at_step=-1"], "--stop_at_step=-1: must be at least 0"),
     (["--cpu_procs=0"], "--cpu_procs=0: must be at least 1"),
@@ -573,6 +573,6 @@ def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
     first = [json.loads(line) for line in open(tmp_path / "log.jsonl")][-1]  # the evaluation at step 3
     train(args + ["--resume"])
     out, resumed = capsys.readouterr().out, common.read_result(str(tmp_path))
-    assert "cuda" in out and "bfloat16 autocast" in out and "tok/s" in out
+    assert "cuda" in out and common.dtype_words(common.amp_dtype("cuda")) in out and "tok/s" in out
     assert math.isfinite(first["val_loss"]) and float(resumed["val_loss"]) < first["val_loss"] + 0.5
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6

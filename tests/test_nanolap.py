@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import common
 import nanolap
 from conftest import randomise
 from nanolap import MixedHeadAttention, build_model, make_config
@@ -171,9 +172,13 @@ def test_cuda_fused_equals_explicit_in_bf16_and_flash_is_eligible():
     idx = torch.randint(0, 50, (2, 256), device="cuda")
     with torch.no_grad():
         torch.testing.assert_close(model(idx), model(idx, explicit=True), atol=1e-3, rtol=1e-3)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # raises if flash could not be used
+        # what --dtype=auto trains in: bfloat16 and FlashAttention from capability 8.0, float16 and the memory-efficient
+        # kernel below (a T4), both kernels that never build the T x T matrix
+        amp = common.amp_dtype("cuda")
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        kernel = SDPBackend.FLASH_ATTENTION if amp == torch.bfloat16 else SDPBackend.EFFICIENT_ATTENTION
+        with torch.autocast("cuda", dtype=amp):
+            with sdpa_kernel(kernel):  # raises if that kernel could not be used
                 fast = model(idx)
             slow = model(idx, explicit=True)
         assert (fast - slow).abs().max() < 0.1

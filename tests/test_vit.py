@@ -55,7 +55,7 @@ def test_tiny_training_on_cpu(tmp_path):
     r = result(p.stdout)
     assert list(r) == RESULT_KEYS and r["n_lap"] == "4" and r["dataset"] == "synthetic" and r["epochs"] == "2"
     assert open(tmp_path / "result.txt").read().split()[1:4] == p.stdout.split("RESULT ")[1].split()[:3]
-    assert "on cpu, 1 process" in p.stdout and "4 steps/epoch, 2 epochs = 8 steps" in p.stdout
+    assert "on cpu in float32, 1 process" in p.stdout and "4 steps/epoch, 2 epochs = 8 steps" in p.stdout
     assert re.search(r"epoch 1/2 step 2/8 \| loss \S+ \| lr \S+ \| \d+ img/s \| data \S+% \| eta", p.stdout)
     records = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
     assert [rec["step"] for rec in records] == [4, 8]  # one eval per epoch

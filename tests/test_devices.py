@@ -1,0 +1,253 @@
+"""The machines students train on, tested on the CPU with the GPU faked: --dtype=auto per device (a T4 gets float16
+with a gradient scaler, an A100 or newer bfloat16, a CPU or a Mac float32) and MFU against that dtype's peak;
+train_gpt.py's float16 step (AdamW and Muon: unscale each, clip, step each, one scaler update); out of memory,
+a missing Triton and a process group that cannot start, each in one line; the Windows environment of gloo."""
+
+import importlib.util
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.utils._triton  # noqa: F401 (monkeypatched below)
+
+import common
+from conftest import ENV, ROOT, randomise
+from nanolap import build_model, make_config
+
+
+def load_train_gpt():
+    """train_gpt.py as a module (its functions, not its run)."""
+    spec = importlib.util.spec_from_file_location("train_gpt_module", os.path.join(ROOT, "train_gpt.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_gpt = load_train_gpt()
+
+
+def fake_gpu(monkeypatch, name, capability):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+
+
+# ---- the dtype and the peak it is measured against
+@pytest.mark.parametrize("name, capability, dtype, peak", [
+    ("Tesla T4", (7, 5), torch.float16, 65e12),  # no bfloat16 tensor cores: float16, and its float16 peak
+    ("Tesla V100-SXM2-16GB", (7, 0), torch.float16, 125e12),
+    ("NVIDIA A100-SXM4-80GB", (8, 0), torch.bfloat16, 312e12),
+    ("NVIDIA GeForce RTX 3090", (8, 6), torch.bfloat16, 71e12),
+    ("NVIDIA H100 80GB HBM3", (9, 0), torch.bfloat16, 989e12),
+])
+def test_auto_dtype_follows_the_capability_and_mfu_its_peak(monkeypatch, name, capability, dtype, peak):
+    fake_gpu(monkeypatch, name, capability)
+    assert common.amp_dtype("cuda") == dtype and common.amp_dtype("cuda:1", "auto") == dtype
+    assert common.peak_flops("cuda", dtype=dtype) == peak
+    assert common.peak_flops("cuda", dtype=torch.float32) is None  # TF32 peaks are not in the table
+    words = common.dtype_words(dtype)
+    assert words == ("float16 autocast with a gradient scaler" if dtype == torch.float16 else "bfloat16 autocast")
+    assert common.amp_dtype("cuda", "float32") == torch.float32  # an explicit choice stands
+    assert common.amp_dtype("cpu") == common.amp_dtype("mps") == torch.float32
+
+
+def test_bfloat16_on_a_gpu_without_bfloat16_tensor_cores_has_no_peak(monkeypatch):
+    fake_gpu(monkeypatch, "Tesla T4", (7, 5))
+    assert common.peak_flops("cuda", dtype=torch.bfloat16) is None  # emulated: no MFU rather than a wrong one
+    assert common.peak_flops("cuda", name="NVIDIA L4", dtype=torch.bfloat16) == 121e12
+
+
+@pytest.mark.parametrize("auto, newton_schulz", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                                                  (torch.float32, torch.float32)])
+def test_muon_orthogonalises_in_bfloat16_only_where_auto_trains_in_it(monkeypatch, auto, newton_schulz):
+    monkeypatch.setattr(common, "amp_dtype", lambda device, requested="auto": auto)
+    model = build_model(make_config("gpt-tiny", vocab_size=16, block_size=8))
+    adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95))
+    assert muon.ns_dtype == newton_schulz
+
+
+# ---- train_gpt.py in float16: AdamW and Muon behind one gradient scaler
+def tiny_gpt_with_gradients(scaler=torch.amp.GradScaler("cpu", enabled=False)):
+    torch.manual_seed(0)
+    model = randomise(build_model(make_config("gpt-tiny", vocab_size=16, block_size=8)), std=0.1)
+    optimizers = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.1, (0.8, 0.95))
+    x = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(1))
+    _, loss = model(x, x.roll(1, 1))
+    scaler.scale(loss).backward()
+    return model, optimizers
+
+
+def test_gpt_step_unscales_each_optimiser_clips_steps_each_and_updates_once(monkeypatch):
+    calls = []
+
+    class RecordingScaler:
+        def unscale_(self, optimizer):
+            calls.append(("unscale", type(optimizer).__name__))
+
+        def step(self, optimizer):
+            calls.append(("step", type(optimizer).__name__))
+
+        def update(self):
+            calls.append(("update",))
+
+        def is_enabled(self):
+            return True
+
+    def clip(params, max_norm):
+        calls.append(("clip", max_norm))
+        return torch.tensor(1.0)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    model, optimizers = tiny_gpt_with_gradients()
+    train_gpt.optimizer_step(optimizers, RecordingScaler(), model.parameters(), 0.5, step=0)
+    assert calls == [("unscale", "AdamW"), ("unscale", "Muon"), ("clip", 0.5), ("step", "AdamW"), ("step", "Muon"),
+                     ("update",)]
+
+
+def test_gpt_float16_step_equals_the_unscaled_step_and_skips_an_overflow():
+    """A loss scaled by 2^12 (exact in float32) and unscaled before the clip moves the weights exactly as the plain
+    step does; a step whose gradients overflowed changes no weight and halves the scale."""
+    plain, plain_optimizers = tiny_gpt_with_gradients()
+    train_gpt.optimizer_step(plain_optimizers, torch.amp.GradScaler("cpu", enabled=False), plain.parameters(), 0.05, 0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    scaled, scaled_optimizers = tiny_gpt_with_gradients(scaler)
+    train_gpt.optimizer_step(scaled_optimizers, scaler, scaled.parameters(), 0.05, 0)  # 0.05: the clip acts
+    for a, b in zip(plain.parameters(), scaled.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    model, optimizers = tiny_gpt_with_gradients(scaler)
+    before = [p.detach().clone() for p in model.parameters()]
+    for optimizer in optimizers:  # float16 overflowed somewhere in each optimiser's gradients
+        optimizer.param_groups[0]["params"][0].grad.view(-1)[0] = float("inf")
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), 1.0, 0)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and scaler.get_scale() == 2.0 ** 11
+    with pytest.raises(FloatingPointError, match="non-finite gradient norm at step 3"):  # float32: no scaler to skip
+        train_gpt.optimizer_step(optimizers, torch.amp.GradScaler("cpu", enabled=False), model.parameters(), 1.0, 3)
+
+
+def test_train_gpt_trains_in_float16_on_the_cpu(data_dir, tmp_path, capsys):
+    argv = sys.argv
+    sys.argv = ["train_gpt.py", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
+                "--eval_iters=2", "--log_interval=1", "--max_new_tokens=0", "--device=cpu", "--cpu_procs=1",
+                "--dtype=float16", "--max_iters=3", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={tmp_path}"]
+    try:
+        runpy.run_path(os.path.join(ROOT, "train_gpt.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert "cpu, float16 autocast with a gradient scaler" in capsys.readouterr().out
+    assert float(common.read_result(str(tmp_path))["val_loss"]) < 10
+    assert common.load_checkpoint(str(tmp_path / "ckpt.pt"))["scaler"]["scale"] > 0  # a scaler that was enabled
+
+
+# ---- failures in one line
+def run_script_with(prelude, script, *args):
+    """`python script args` with prelude run first in the same interpreter (a fake GPU failure)."""
+    code = f"import runpy, sys, torch, nanolap, common\n{prelude}\nsys.argv = {[script, *args]!r}\n" \
+           f"runpy.run_path({script!r}, run_name='__main__')"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+OUT_OF_MEMORY = {  # what a model call raises: CUDA's error class, and MPS's RuntimeError
+    "cuda": "torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",
+    "mps": "RuntimeError('MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.00 GB)')",
+}
+
+
+def test_the_error_handler_says_out_of_memory_in_one_line(monkeypatch, capfd):
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # put back after the test
+    monkeypatch.setattr(common, "_memory_advice", [])
+    monkeypatch.setattr(common.os, "_exit", sys.exit)
+    common.install_error_handler()
+    errors = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore"),
+              RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB).\nmore")]
+    for error in errors:  # before a script gave its advice: the error's first line
+        with pytest.raises(SystemExit):
+            sys.excepthook(type(error), error, None)
+        assert capfd.readouterr().err == "error: " + str(error).split("\n")[0] + "\n"
+    common.on_out_of_memory("in the run out-x at 8 images: lower --batch_size")
+    for error in errors:
+        with pytest.raises(SystemExit):
+            sys.excepthook(type(error), error, None)
+        assert capfd.readouterr().err == "error: out of memory in the run out-x at 8 images: lower --batch_size\n"
+    assert not common.is_out_of_memory(RuntimeError("expected all tensors to be on the same device"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, model, device, args, line", [
+    ("train_gpt.py", "GPT", "cuda", ["--batch_size=4", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                                     "--eval_iters=1"],
+     "at 4 sequences of 32 tokens per process and micro-step: lower --batch_size; --total_batch_size=128 keeps the "
+     "global batch"),
+    ("train_vit.py", "ViT", "mps", ["--dataset=synthetic", "--batch_size=64", "--grad_accum=2"],
+     "at 64 images per process and micro-step: lower --batch_size and raise --grad_accum as much to keep the global "
+     "batch of 128"),
+    ("train_dino.py", "ViT", "cuda", ["--dataset=synthetic", "--batch_size=32", "--local_crops=2", "--seg_dataset=none",
+                                      "--eval_train=64", "--eval_val=64"],
+     "at 32 images per process, 4 crops each: lower --batch_size or --local_crops (no gradient accumulation here: more "
+     "GPUs keep the global batch of 32, torchrun --nproc_per_node=N splits it)"),
+])
+def test_out_of_memory_is_one_line_naming_the_run_the_batch_and_what_to_lower(data_dir, tmp_path, script, model,
+                                                                              device, args, line):
+    raise_it = f"def out_of_memory(*args, **kwargs):\n    raise {OUT_OF_MEMORY[device]}\n" \
+               f"nanolap.{model}.forward = out_of_memory"
+    data = [f"--data_dir={data_dir}", "--dataset=tiny"] if script == "train_gpt.py" else []
+    done = run_script_with(raise_it, script, "--cpu_procs=1", *args, *data, f"--out_dir={tmp_path / 'run'}")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr == f"error: out of memory in the run {tmp_path / 'run'} {line}\n"
+
+
+@pytest.mark.parametrize("script", ["train_vit.py", "train_gpt.py", "train_dino.py"])
+def test_compile_without_triton_is_one_line_before_training(monkeypatch, tmp_path, script):
+    fake_gpu(monkeypatch, "Tesla T4", (7, 5))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
+    monkeypatch.setattr(sys, "argv", [script, "--compile_model", "--device=cuda", f"--out_dir={tmp_path / 'run'}"])
+    with pytest.raises(common.UsageError, match=r"^--compile_model: torch.compile needs Triton on a CUDA GPU.*; run "
+                                                r"without --compile_model, or install Triton"):
+        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    assert not (tmp_path / "run").exists()  # nothing started
+    common.check_compile(True, "cpu")  # inductor on a CPU needs no Triton
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: True)
+    common.check_compile(True, "cuda")
+
+
+# ---- Windows and the CPU processes' group
+def test_gloo_turns_libuv_off_on_windows_from_torch_2_4(monkeypatch):
+    assert common.gloo_environment("nt", "2.5.1+cu121") == {"USE_LIBUV": "0"}
+    assert common.gloo_environment("nt", "2.4.0") == {"USE_LIBUV": "0"}
+    assert common.gloo_environment("nt", "2.3.1") == {}  # before libuv was the default
+    assert common.gloo_environment("posix", "2.5.1") == {}
+    seen = {}
+    monkeypatch.setattr(common.dist, "init_process_group", lambda backend: seen.update(os.environ))
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cpu")
+    monkeypatch.delenv("USE_LIBUV", raising=False)
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1").items():
+        monkeypatch.setenv(key, value)
+    real = os.name
+    os.name = "nt"  # only for this call: pytest's own reporting needs the real one
+    try:
+        started = common.setup_distributed("cpu")
+    finally:
+        os.name = real
+    assert started == (0, 0, 1, "cpu") and seen["USE_LIBUV"] == "0"
+
+
+@pytest.mark.slow
+def test_a_process_group_that_cannot_start_falls_back_to_one_process_in_one_line(tmp_path):
+    script = tmp_path / "group.py"
+    script.write_text(
+        "import os, common\n"
+        "def no_group(backend):\n"
+        "    raise RuntimeError('use_libuv was requested but PyTorch was build without libuv support')\n"
+        "common.dist.init_process_group = no_group\n"
+        "common.launch_cpu_processes(2, 'cpu')\n"
+        "print('world', common.setup_distributed('cpu')[2], 'RANK' in os.environ)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout == ("note: the gloo process group of 2 CPU processes cannot start here (use_libuv was requested "
+                           "but PyTorch was build without libuv support); training in this one process instead, as "
+                           "--cpu_procs=1 does (where batch_size is per process, the global batch is 2 times smaller)\n"
+                           "world 1 False\n")
