@@ -234,14 +234,23 @@ def start_processes(out_dir, resume, cpu_procs, device):
     launch_cpu_processes(cpu_procs, device)
     rank, local_rank, world, device = setup_distributed(device)
     if device.startswith("cuda"):
+        # the flags hold for the whole process: teardown_distributed puts back what it found, so a run inside a test
+        # process (tests/test_gpt.py) leaves later float32 checks in float32
+        _tf32_found.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return rank, local_rank, world, device
 
+_tf32_found = []  # the TF32 flags as start_processes found them
+
 def teardown_distributed():
     """The end of a process of a group: after the last collective, leave without the interpreter's finalisation.
     gloo's worker threads outlive destroy_process_group (even without the DDP model), and one that drops a Python
-    object while the interpreter finalises is killed in C++: SIGABRT, 'terminate called without an active exception'."""
+    object while the interpreter finalises is killed in C++: SIGABRT, 'terminate called without an active exception'.
+    Every run ends here: the TF32 flags go back to what start_processes found."""
+    if _tf32_found:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = _tf32_found[0]
+        _tf32_found.clear()
     if not dist.is_initialized():
         return
     dist.barrier()  # nobody tears the group down while a peer still talks to it
