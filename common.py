@@ -284,22 +284,24 @@ def autocast(device, dtype):
 # Dense tensor-core peaks (no 2:4 sparsity) in bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's product
 # datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce whitepapers
 # ("FP16 Tensor TFLOPS with FP32 Accumulate"). T4 and V100 have no bfloat16 tensor cores: their float16 peaks.
-# Keys are whole names (torch.cuda.get_device_name() without "NVIDIA", "Tesla", "GeForce"): an H100 PCIe is no
-# H100 SXM, an A10G no A10, an L40 no L40S, and a MIG slice or a laptop RTX 4090 is a smaller chip: no MFU for those.
+# Keys match whole names as peak_flops spells them (upper case, words apart, without "NVIDIA", "Tesla", "GeForce" and
+# the memory words "80GB", "HBM3": boards spell one chip "A100-SXM4-80GB", "A100-SXM-80GB" or "A100 80GB PCIe").
+# An H100 PCIe is no H100 SXM, an A10G no A10, an L40 no L40S, and a MIG slice or a laptop RTX 4090 is a smaller
+# chip: no MFU for those.
 GPU_PEAK_FLOPS = {
-    r"H100( SXM5?)?( \d+GB)?( HBM3)?": 989e12, r"H100 PCIe": 756e12, r"H100 NVL": 835e12,  # SXM: "H100 80GB HBM3"
-    r"H200": 989e12, r"H200 NVL": 835e12, r"GH200 \d+GB": 989e12,
-    r"A100(-SXM4-\d+GB|-PCIE-\d+GB| \d+GB PCIe)?": 312e12, r"A10": 125e12, r"L4": 121e12, r"L40S": 362e12,
-    r"L40": 181e12, r"T4": 65e12, r"V100-SXM2-\d+GB": 125e12, r"V100-PCIE-\d+GB": 112e12, r"RTX A6000": 154.8e12,
-    r"RTX 4090": 165.2e12, r"RTX 4080": 97.5e12, r"RTX 3090 Ti": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
+    r"H100( SXM5?)?": 989e12, r"H100 PCIE": 756e12, r"H100 NVL": 835e12, r"H200( SXM)?": 989e12, r"H200 NVL": 835e12,
+    r"GH200": 989e12, r"A100( SXM4?| PCIE)?": 312e12, r"A10": 125e12, r"L4": 121e12, r"L40S": 362e12, r"L40": 181e12,
+    r"T4": 65e12, r"V100 SXM2": 125e12, r"V100 PCIE": 112e12, r"RTX A6000": 154.8e12, r"RTX 4090": 165.2e12,
+    r"RTX 4080": 97.5e12, r"RTX 3090 TI": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
 }
 
 def peak_flops(device, name=None):
     """Dense bf16 peak FLOP/s of a CUDA device (or of a GPU called `name`), for MFU; None for a CPU or an unknown GPU."""
     if name is None and not str(device).startswith("cuda"):
         return None
-    name = re.sub(r"^(NVIDIA |Tesla |GeForce )+", "", name or torch.cuda.get_device_name(device))
-    return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, name)), None)
+    words = re.split(r"[\s_-]+", (name or torch.cuda.get_device_name(device)).strip().upper())
+    chip = " ".join(w for w in words if w not in ("NVIDIA", "TESLA", "GEFORCE") and not re.fullmatch(r"\d+GB|HBM\w*", w))
+    return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, chip)), None)
 
 def machine_name(device):
     """What a run trains on, as one word for its RESULT line and log (floats differ between machines: compare runs

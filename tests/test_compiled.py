@@ -228,13 +228,14 @@ def test_vit_flops_per_token_is_the_counted_flops_plus_its_non_matmul_parameters
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
     ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA GH200 480GB", 989e12),
     ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100-SXM4-40GB", 312e12), ("NVIDIA A100-PCIE-40GB", 312e12),
-    ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA A10", 125e12), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
+    ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA A100-SXM-80GB", 312e12), ("NVIDIA H100 SXM5 80GB", 989e12),
+    ("NVIDIA H100 80GB HBM3e", 989e12), ("NVIDIA H200 141GB HBM3e", 989e12), ("NVIDIA A10", 125e12), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
     ("NVIDIA L40", 181e12), ("Tesla T4", 65e12), ("Tesla V100-SXM2-32GB", 125e12),
     ("NVIDIA GeForce RTX 4090", 165e12), ("NVIDIA GeForce RTX 3090", 71e12), ("NVIDIA GeForce RTX 3090 Ti", 80e12),
     ("NVIDIA GeForce RTX 4080", 97.5e12), ("NVIDIA GeForce RTX 3080", 59.5e12), ("NVIDIA RTX A6000", 155e12),
     # unknown, or another chip under a similar name: no MFU rather than a wrong one
     ("NVIDIA A10G", None), ("NVIDIA GeForce RTX 4090 Laptop GPU", None), ("NVIDIA GeForce RTX 4090 D", None),
-    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA GeForce GTX 1080 Ti", None), ("Radeon RX 7900 XTX", None),
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None), ("Tesla V100S-PCIE-32GB", None), ("NVIDIA GeForce GTX 1080 Ti", None), ("Radeon RX 7900 XTX", None),
 ])
 def test_peak_flops_by_gpu_name(name, peak):
     got = common.peak_flops("cuda", name=name)
