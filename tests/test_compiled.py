@@ -247,8 +247,9 @@ def test_peak_flops_of_a_cpu_is_none():
 
 
 # ---- the rest of gpu_check.py on the CPU -------------------------------------
-def test_gpu_check_refuses_without_cuda_in_one_line():
-    done = subprocess.run([sys.executable, "tests/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+@pytest.mark.parametrize("parts", [[], ["--only=equal,cost,tests"], ["--only=scripts,default,torchrun"]])
+def test_gpu_check_refuses_without_cuda_in_one_line(parts):
+    done = subprocess.run([sys.executable, "tests/gpu_check.py", *parts], cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, **ENV), timeout=120)
     assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
     assert done.stderr.startswith("gpu_check.py needs a CUDA GPU")
@@ -325,16 +326,21 @@ def test_table_and_torchrun_commands():
 
 
 def test_gpu_checks_main_prints_the_table_and_result_and_survives_a_broken_part(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(gpu_check, "part_equal", lambda: [gpu_check.row("equal", "vit", "logits 1e-07", "1e-04", True)])
 
-    def broken_cost(rounds, repeats):
+    def equal(**kwargs):
+        return [gpu_check.row("equal", "vit", "logits 1e-07", "1e-04", True)]
+
+    def broken_cost(**kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
 
+    def tests(**kwargs):
+        return [gpu_check.row("tests", "2 tests", "2 passed", "", True, "t", "2")]
+
+    monkeypatch.setattr(gpu_check, "part_equal", equal)
     monkeypatch.setattr(gpu_check, "part_cost", broken_cost)
-    monkeypatch.setattr(gpu_check, "part_tests", lambda: [gpu_check.row("tests", "2 tests", "2 passed", "", True, "t", "2")])
-    assert gpu_check.main(("equal", "cost", "tests"), str(tmp_path)) == 1
+    monkeypatch.setattr(gpu_check, "part_tests", tests)
+    assert gpu_check.main(("equal", "cost", "tests"), str(tmp_path), gpu=("NVIDIA H200", (9, 0), 130.0)) == 1
     out = capsys.readouterr().out
     assert "OutOfMemoryError: CUDA out of memory" in out and "FAIL" in out and "2 passed" in out
     assert common.read_result(str(tmp_path)) == dict(gpu="NVIDIA_H200", torch=torch.__version__, parts="equal,cost,tests",
