@@ -128,18 +128,22 @@ def run_command(cmd, timeout, env=None):
         code = None
     timed_out = code is None or reader.is_alive()
     kill_runs(token)  # a timed-out command, and whatever a finished one left running
+    if proc.poll() is None:  # no /proc to search (not Linux): its process group at least
+        with suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     reader.join(5)  # the last lines of the killed processes; then stop reading whatever still holds the pipe
     return (None if timed_out else code), list(lines)
 
 
 def processes_of(token):
-    """Process ids of the commands run_command started with this token (a prefix: `<pid>-` = all of this process)."""
+    """Process ids of the commands run_command started with this token (`<pid>-` alone: every one of process pid)."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    mark = f"GPU_CHECK_RUN={token}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
         with suppress(OSError):  # gone, or another user's
             environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            if any(v.startswith(f"GPU_CHECK_RUN={token}".encode()) for v in environ) and int(pid) != os.getpid():
+            if any(v == mark or token.endswith("-") and v.startswith(mark) for v in environ) and int(pid) != os.getpid():
                 found.append(int(pid))
     return found
 
