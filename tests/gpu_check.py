@@ -2,8 +2,8 @@
 nanolap on one GPU, checked in two commands of at most 5 minutes each: no network, no data but what travels with the
 repository (see Data below).
 
-    python tests/gpu_check.py --only=equal,cost,tests            # the model on the GPU (planned for 4.5 minutes)
-    python tests/gpu_check.py --only=scripts,default,torchrun    # the scripts on the GPU (planned for 4.5 minutes)
+    python tests/gpu_check.py --only=equal,cost,tests --out_dir=out-gpu-check/model            # planned: 4.5 minutes
+    python tests/gpu_check.py --only=scripts,default,torchrun --out_dir=out-gpu-check/scripts  # planned: 4.5 minutes
 
 Parts (each adds rows to one table; any failed row makes the exit status 1; a machine without CUDA gets one line
 and exit status 2):
@@ -27,7 +27,8 @@ and exit status 2):
             world size is 1, so it exercises NCCL's start-up only, no gradient exchange
   tests     the repository's CUDA-only tests (CUDA_TESTS)
 
-Half precision is bfloat16 from compute capability 8.0 on, float16 below it (a T4, a V100).
+Half precision is bfloat16 from compute capability 8.0 on, float16 below it (a T4, a V100), where train_gpt.py,
+which refuses float16, runs in float32.
 
 Time: --deadline seconds for the whole command. Each part gets a share of the time left, by its plan (PLAN), and
 a part that would start after the deadline is a failed row; a command (and every process it started, torchrun's
