@@ -279,14 +279,23 @@ def start_processes(out_dir, resume, cpu_procs, device):
     launch_cpu_processes(cpu_procs, device)
     rank, local_rank, world, device = setup_distributed(device)
     if device.startswith("cuda"):
+        # the flags hold for the whole process: teardown_distributed puts back what it found, so a run inside a test
+        # process (tests/test_gpt.py) leaves later float32 checks in float32
+        _tf32_found.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return rank, local_rank, world, device
 
+_tf32_found = []  # the TF32 flags as start_processes found them
+
 def teardown_distributed():
     """The end of a process of a group: after the last collective, leave without the interpreter's finalisation.
     gloo's worker threads outlive destroy_process_group (even without the DDP model), and one that drops a Python
-    object while the interpreter finalises is killed in C++: SIGABRT, 'terminate called without an active exception'."""
+    object while the interpreter finalises is killed in C++: SIGABRT, 'terminate called without an active exception'.
+    Every run ends here: the TF32 flags go back to what start_processes found."""
+    if _tf32_found:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = _tf32_found[0]
+        _tf32_found.clear()
     if not dist.is_initialized():
         return
     dist.barrier()  # nobody tears the group down while a peer still talks to it
@@ -342,29 +351,32 @@ def check_compile(compile_model, device):
                          "cannot drive this GPU); run without --compile_model, or install Triton (pip install "
                          "triton; on Windows pip install triton-windows)")
 
-# Dense tensor-core peaks (no 2:4 sparsity) in float16 and bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's
-# product datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce
-# whitepapers ("FP16 Tensor TFLOPS with FP32 Accumulate"): from Ampere on the two dtypes have one peak.
-# Keys are whole names (torch.cuda.get_device_name() without "NVIDIA", "Tesla", "GeForce"): an H100 PCIe is no
-# H100 SXM, an A10G no A10, an L40 no L40S, and a MIG slice or a laptop RTX 4090 is a smaller chip: no MFU for those.
+# Dense tensor-core peaks (no 2:4 sparsity) in float16 and bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's product
+# datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce whitepapers
+# ("FP16 Tensor TFLOPS with FP32 Accumulate"): from Ampere on the two dtypes have one peak; T4 and V100 have float16 only.
+# Keys match whole names as peak_flops spells them (upper case, words apart, without "NVIDIA", "Tesla", "GeForce" and
+# the memory words "80GB", "HBM3": boards spell one chip "A100-SXM4-80GB", "A100-SXM-80GB" or "A100 80GB PCIe").
+# An H100 PCIe is no H100 SXM, an A10G no A10, an L40 no L40S, and a MIG slice or a laptop RTX 4090 is a smaller
+# chip: no MFU for those.
 GPU_PEAK_FLOPS = {
-    r"H100( SXM5?)?( \d+GB)?( HBM3)?": 989e12, r"H100 PCIe": 756e12, r"H100 NVL": 835e12,  # SXM: "H100 80GB HBM3"
-    r"H200": 989e12, r"H200 NVL": 835e12, r"GH200 \d+GB": 989e12,
-    r"A100(-SXM4-\d+GB|-PCIE-\d+GB| \d+GB PCIe)?": 312e12, r"A10": 125e12, r"L4": 121e12, r"L40S": 362e12,
-    r"L40": 181e12, r"T4": 65e12, r"V100-SXM2-\d+GB": 125e12, r"V100-PCIE-\d+GB": 112e12, r"RTX A6000": 154.8e12,
-    r"RTX 4090": 165.2e12, r"RTX 4080": 97.5e12, r"RTX 3090 Ti": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
+    r"H100( SXM5?)?": 989e12, r"H100 PCIE": 756e12, r"H100 NVL": 835e12, r"H200( SXM)?": 989e12, r"H200 NVL": 835e12,
+    r"GH200": 989e12, r"A100( SXM4?| PCIE)?": 312e12, r"A10": 125e12, r"L4": 121e12, r"L40S": 362e12, r"L40": 181e12,
+    r"T4": 65e12, r"V100 SXM2": 125e12, r"V100 PCIE": 112e12, r"RTX A6000": 154.8e12, r"RTX 4090": 165.2e12,
+    r"RTX 4080": 97.5e12, r"RTX 3090 TI": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
 }
-NO_BFLOAT16_TENSOR_CORES = r"T4|V100-.*"  # the table's GPUs before Ampere: float16 only, bfloat16 is emulated there
+# the table's GPUs before Ampere, as peak_flops spells them: float16 tensor cores only, bfloat16 is emulated there
+NO_BFLOAT16_TENSOR_CORES = r"T4|V100( .*)?"
 
 def peak_flops(device, name=None, dtype=torch.float16):
     """Dense peak FLOP/s of a CUDA device (or of a GPU called `name`) in dtype, for MFU; None for a CPU, an unknown
     GPU, float32 (TF32 peaks are not in the table) and bfloat16 on a GPU without bfloat16 tensor cores."""
     if name is None and not str(device).startswith("cuda") or dtype == torch.float32:
         return None
-    name = re.sub(r"^(NVIDIA |Tesla |GeForce )+", "", name or torch.cuda.get_device_name(device))
-    if dtype == torch.bfloat16 and re.fullmatch(NO_BFLOAT16_TENSOR_CORES, name):
+    words = re.split(r"[\s_-]+", (name or torch.cuda.get_device_name(device)).strip().upper())
+    chip = " ".join(w for w in words if w not in ("NVIDIA", "TESLA", "GEFORCE") and not re.fullmatch(r"\d+GB|HBM\w*", w))
+    if dtype == torch.bfloat16 and re.fullmatch(NO_BFLOAT16_TENSOR_CORES, chip):
         return None
-    return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, name)), None)
+    return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, chip)), None)
 
 def machine_name(device):
     """What a run trains on, as one word for its RESULT line and log (floats differ between machines: compare runs

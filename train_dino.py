@@ -475,6 +475,7 @@ if __name__ == "__main__":
     step = start_step
     batches = None
     images_seen = 0  # the log window: since the last progress line
+    unread = []  # this window's losses, still on the device
     loss_sum = 0.0
     n_loss = 0
     knn_acc = None
@@ -525,7 +526,6 @@ if __name__ == "__main__":
                 teacher_out = teacher(crops[:1]).float()  # only the global crops go through the teacher
             student_out = ddp_student(crops).float()  # ((2 + n) * B, out_dim)
         loss = dino_loss(student_out, teacher_out, center, student_temp, t_temp)
-        common.check_finite(loss.item(), step)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
@@ -540,10 +540,22 @@ if __name__ == "__main__":
         center = update_center(center, teacher_out, center_momentum, run_device)
 
         step += 1
-        last_loss = loss.item()
         images_seen += batch_size
-        loss_sum += last_loss
-        n_loss += 1
+        # the losses stay on the device until a progress line or an evaluation needs them: reading one every step
+        # would make the host wait for the GPU every step. Read before each checkpoint, a non-finite loss still stops
+        # the run with its last checkpoint intact.
+        unread.append(loss.detach())
+        if step % log_interval == 0 or step == end_step or step % eval_interval == 0:
+            read = torch.stack(unread).tolist()
+            unread.clear()
+            bad = next((i for i, value in enumerate(read) if not math.isfinite(value)), None)
+            if bad is not None:
+                raise FloatingPointError(f"non-finite loss {read[bad]} at step {step - len(read) + bad}: stopping at step "
+                                         f"{step}; the last checkpoint is intact. Try a lower lr or --grad_clip.")
+            for value in read:
+                loss_sum += value
+                n_loss += 1
+            last_loss = read[-1]
         if step % log_interval == 0 or step == end_step:
             ips = images_seen / max(time.time() - t_last, 1e-9)
             print0(f"step {step}/{total_steps} | ep {step / steps_per_epoch:.2f} | loss {loss_sum / n_loss:.4f} | "

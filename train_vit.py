@@ -375,13 +375,14 @@ if __name__ == "__main__":
         for micro in range(grad_accum):
             torch.manual_seed(common.step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
             # data time: on a CPU the wall time of loading + augmenting; on a GPU the time blocked on the
-            # DataLoader plus the GPU time of the gather/augmentation kernels (CUDA events, no extra sync)
+            # DataLoader plus the GPU time of the augmentation kernels (CUDA events, no extra sync). The events start
+            # after the wait: an idle GPU's clock runs through it too, and it would count twice
             t0 = time.time()
+            x, y = next(batches)
+            t_wait = time.time() - t0
             if device_type == "cuda":
                 data_events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 data_events[-1][0].record()
-            x, y = next(batches)
-            t_wait = time.time() - t0
             x, y = augment_batch(x, y, resolution, mean, std, mixer, geometric=crop_on_device, crop_padding=crop_padding,
                                  hflip=hflip, rand_augment=rand_augment, rand_magnitude=rand_magnitude,
                                  three_augment=three_augment, color_jitter=color_jitter, random_erasing=random_erasing)

@@ -27,11 +27,13 @@ def grayscale(x):
 
 def gaussian_blur(x, sigma):
     """Blur each image of x (B, C, H, W) with its own sigma (B,) (0 = untouched): a separable kernel of
-    2 * ceil(3 * max sigma) + 1 taps (capped by the image size) with reflect padding, as torchvision."""
+    2 * ceil(3 * max sigma) + 1 taps (capped by the image size) with reflect padding, as torchvision.
+    sigma lives on the CPU: the kernel's size is read from it without waiting for the GPU."""
     B, C, H, W = x.shape
-    radius = min(math.ceil(3 * float(sigma.max())), H - 1, W - 1)
+    radius = min(math.ceil(3 * float(sigma.max())), H - 1, W - 1)  # a CPU tensor: no host sync
     if radius < 1:
         return x
+    sigma = sigma.to(x.device)
     t = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
     kernel = torch.exp(-0.5 * (t / sigma.clamp_min(1e-6).view(-1, 1)) ** 2)  # (B, K)
     kernel = kernel / kernel.sum(dim=1, keepdim=True)
@@ -94,9 +96,9 @@ def color_jitter(x, strengths, p, rand):
     order = rand(B, len(ops)).argsort(dim=1)  # a random permutation of the ops for every image
     for position in range(len(ops)):
         for j, ((name, _), f) in enumerate(zip(ops, factors)):
+            # every op on every image, kept where chosen: asking whether any image chose it would wait for the GPU
             chosen = apply & (order[:, position] == j)
-            if chosen.any():
-                x = torch.where(chosen.view(B, 1, 1, 1), adjust(x, name, f), x)
+            x = torch.where(chosen.view(B, 1, 1, 1), adjust(x, name, f), x)
     return x
 
 
@@ -155,7 +157,7 @@ def three_augment(x, jitter):
     choice = torch.randint(0, 3, (B, 1, 1, 1), device=x.device)
     x = torch.where(choice == 0, grayscale(x).expand_as(x), x)
     x = torch.where((choice == 1) & (x >= 128 / 255), 1 - x, x)
-    x = torch.where(choice == 2, gaussian_blur(x, torch.empty(B, device=x.device).uniform_(0.1, 2.0)), x)
+    x = torch.where(choice == 2, gaussian_blur(x, torch.empty(B).uniform_(0.1, 2.0)), x)  # sigma drawn on the CPU
     return color_jitter(x, [jitter, jitter, jitter, 0.0], 1.0, lambda *shape: torch.rand(*shape, device=x.device))
 
 
@@ -217,8 +219,10 @@ class MultiCrop:
     def view(self, x, size, scale, blur_p, solarize_p, g):
         """One random view of every image: crop + resize + flip, colour jitter, grayscale, blur, solarise."""
         B, C, H, W = x.shape
-        def rand(*shape):  # uniform numbers from the generator (on the CPU), on the images' device
-            return torch.rand(*shape, generator=g).to(x.device)
+        def rand(*shape, device=x.device):  # uniform numbers from the generator (on the CPU), on the images' device
+            u = torch.rand(*shape, generator=g)
+            # from pinned memory the copy is queued behind the GPU's work; a plain copy would wait for it
+            return u.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else u.to(device)
 
         # RandomResizedCrop: area fraction in `scale`, aspect ratio log-uniform in [3/4, 4/3], then
         # a bicubic resize (and the horizontal flip) in one grid_sample
@@ -232,7 +236,8 @@ class MultiCrop:
         if self.rgb and self.c["grayscale_p"]:
             x = torch.where((rand(B) < self.c["grayscale_p"]).view(B, 1, 1, 1), grayscale(x).expand_as(x), x)
         lo, hi = self.c["blur_sigma"]
-        sigma = torch.where(rand(B) < blur_p, lo + (hi - lo) * rand(B), torch.zeros(B, device=x.device))
+        cpu = torch.device("cpu")
+        sigma = torch.where(rand(B, device=cpu) < blur_p, lo + (hi - lo) * rand(B, device=cpu), torch.zeros(B))
         x = gaussian_blur(x, sigma)
         if solarize_p:
             x = torch.where((rand(B) < solarize_p).view(B, 1, 1, 1) & (x >= 0.5), 1 - x, x)

@@ -9,6 +9,8 @@ package dataset-fashion-mnist, else downloaded; CIFAR downloads on first use.
 import gzip
 import math
 import os
+import socket
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,7 @@ FASHION_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyt
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
 DEBIAN_FASHION = "/usr/share/datasets/fashion-mnist"  # apt-get install dataset-fashion-mnist
+DOWNLOAD_TIMEOUT = 30  # seconds a download may wait for the server's next bytes: offline, it fails instead of hanging
 DATASETS = ("fashion_mnist", "cifar10", "cifar100", "synthetic", "scenes")  # in memory; plus 'imagefolder'
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -36,6 +39,18 @@ def _read_idx(path):
     return torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8).reshape(shape)
 
 
+@contextmanager
+def _download_timeout(seconds=None):
+    """torchvision downloads through urllib without a timeout: a connection dropped without a word would wait forever.
+    Inside the block every new socket gives up after `seconds` (DOWNLOAD_TIMEOUT) of silence."""
+    found = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT if seconds is None else seconds)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(found)
+
+
 def _fashion_mnist_dir(root):
     """data/fashion_mnist (also torchvision's FashionMNIST/raw layout), else the Debian package,
     else a torchvision download into data/fashion_mnist."""
@@ -44,8 +59,9 @@ def _fashion_mnist_dir(root):
             return d
     try:
         from torchvision.datasets import FashionMNIST
-        for train in (True, False):
-            FashionMNIST(root, train=train, download=True)
+        with _download_timeout():
+            for train in (True, False):
+                FashionMNIST(root, train=train, download=True)
     except Exception as e:
         raise UsageError(f"Fashion-MNIST is not in {root} or {DEBIAN_FASHION} and the download failed ({e}).\n"
                          f"Fix: apt-get install -y dataset-fashion-mnist, or copy the four *-ubyte.gz files "
@@ -93,7 +109,8 @@ def load_images(name, data_dir="data"):
         from torchvision import datasets
         cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
         try:
-            sets = {s: cls(root, train=(s == "train"), download=True) for s in ("train", "val")}
+            with _download_timeout():
+                sets = {s: cls(root, train=(s == "train"), download=True) for s in ("train", "val")}
         except Exception as e:
             fetch = f"python -c \"from torchvision import datasets; datasets.{cls.__name__}('{root}', download=True)\""
             raise UsageError(f"{name} is not in {root} and the download failed ({e}).\n"
@@ -311,8 +328,9 @@ def load_segmentation(name, data_dir, split, n, size, in_chans):
         from torchvision.datasets import OxfordIIITPet
         root = os.path.join(data_dir, "oxford_pets")
         try:
-            ds = OxfordIIITPet(root, split="trainval" if split == "train" else "test",
-                               target_types=["segmentation", "binary-category"], download=True)
+            with _download_timeout():
+                ds = OxfordIIITPet(root, split="trainval" if split == "train" else "test",
+                                   target_types=["segmentation", "binary-category"], download=True)
         except Exception as e:
             raise UsageError(f"Oxford-IIIT Pet is not in {root} and the download failed ({e}); "
                              f"use --seg_dataset=scenes offline")

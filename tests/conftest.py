@@ -1,11 +1,13 @@
 """Test set-up shared by every test file: the repo root on sys.path, idle OpenMP threads that sleep instead of
 spinning (on a busy 2-core machine spinning threads steal the cores they wait for), and the helpers the test files
-share (`from conftest import ROOT, ENV, run, result, param_checksums, randomise`; the `data_dir` fixture)."""
+share (`from conftest import ROOT, ENV, run, result, param_checksums, randomise, float32_matmuls`; the `data_dir`
+fixture)."""
 
 import os
 import random
 import subprocess
 import sys
+from contextlib import contextmanager
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is first imported
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -56,6 +58,19 @@ def randomise(model, std=0.2, seed=0, gain=0.0):
             mean = gain if "norm" in name and name.endswith(".weight") else 0.0
             p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * std + mean)
     return model
+
+
+@contextmanager
+def float32_matmuls():
+    """Float32 matmuls and convolutions in float32 inside the block, whatever the process allowed before (a CUDA
+    training run allows TF32, whose 10-bit mantissa fails a float32 comparison); the flags go back afterwards."""
+    found = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = found
 
 
 @pytest.fixture(scope="module")

@@ -1,43 +1,60 @@
 """
-nanolap on one GPU, checked in one command: no network, no data but what the repository generates or prepares.
+nanolap on one GPU, checked in two commands of at most 5 minutes each: no network, no data but what travels with the
+repository (see Data below).
 
-    python tests/gpu_check.py                          # every part (planned for about 7 minutes; not yet timed)
-    python tests/gpu_check.py --only=equal,cost        # some parts, for a short GPU lease
+    python tests/gpu_check.py --only=equal,cost,tests --out_dir=out-gpu-check/model            # planned: 4.5 minutes
+    python tests/gpu_check.py --only=scripts,default,torchrun --out_dir=out-gpu-check/scripts  # planned: 4.5 minutes
 
 Parts (each adds rows to one table; any failed row makes the exit status 1; a machine without CUDA gets one line
 and exit status 2):
   equal     the fused path equals the explicit (I - P) V path on CUDA, logits and gradients, for a ViT and a GPT
-            with a mixed per-layer n_lap, attention and uniform graphs: float32 with SDPA restricted to the
-            memory-efficient kernel, bfloat16 autocast restricted to FlashAttention and then to the memory-efficient
-            kernel (sdpa_kernel raises when the restricted kernel cannot run, so a passing row ran on it)
+            with a mixed per-layer n_lap, attention and uniform graphs: float32 (TF32 off) with SDPA restricted to
+            the memory-efficient kernel, half precision autocast restricted to FlashAttention and then to the
+            memory-efficient kernel (sdpa_kernel raises when the restricted kernel cannot run, so a passing row ran
+            on it). Below compute capability 8.0 FlashAttention cannot run: its rows say so and do not fail
   cost      forward+backward of an all-Laplacian model against the all-attention one with the same weights,
-            eager and compiled (every block through torch.compile(fullgraph=True), which compiles once per head
-            layout; the scripts part times whole-model compilation), bfloat16 autocast: ViT-S/16 at 197 tokens and a
-            d12 GPT at T = 1024; the median of interleaved rounds, as tests/benchmark.py does
+            eager and compiled (every block through torch.compile(fullgraph=True, dynamic=False), dynamo reset
+            before each model; the scripts part times whole-model compilation), half precision autocast: ViT-S/16 at
+            197 tokens and a d12 GPT at T = 1024, batches sized to the GPU's free memory; the median of interleaved
+            rounds, as tests/benchmark.py does
   scripts   train_vit.py (config/vit_cifar10.py's model on generated 32x32 colour images), train_gpt.py (a d12
-            GPT on shakespeare_char) and train_dino.py (its default recipe, 0.3 epochs) for a short run with
-            --compile_model=True --dtype=bfloat16: steps/s, images or tokens/s, MFU, peak memory, compile time
-  default   the CPU default ViT recipe to the end (one process of batch 256: the global batch of the CPU default's
-            2 x 128); its accuracy must lie within the CPU seeds' spread
-  torchrun  train_vit.py and train_gpt.py under torchrun with 1 process (2 where there are 2 GPUs): the NCCL path
+            GPT on shakespeare_char) and train_dino.py (its default recipe, 0.1 epochs) for a short run with
+            --compile_model=True in half precision: steps/s, images or tokens/s, MFU, peak memory, and compile time
+            (training and eval-mode graphs alike for the three: the first evaluation's time over the last one's)
+  default   the CPU default ViT recipe to the end, in float32 (TF32 matmuls) as the CPU seeds ran (one process of
+            batch 256: the global batch of the CPU default's 2 x 128); its accuracy must lie within their spread
+  torchrun  train_vit.py and train_gpt.py under torchrun with 1 process (2 where there are 2 GPUs): with one GPU the
+            world size is 1, so it exercises NCCL's start-up only, no gradient exchange
   tests     the repository's CUDA-only tests (CUDA_TESTS)
 
-Data: Fashion-MNIST's four .gz files in data/fashion_mnist (or the Debian package's folder) for `default` and
-DINO, and data/shakespeare_char/{train,val}.bin and meta.json (python data/shakespeare_char/prepare.py) for the
-GPT; everything else is generated. The scripts' runs write under out_dir.
+Half precision is bfloat16 from compute capability 8.0 on, float16 below it (a T4, a V100), where train_gpt.py,
+which refuses float16, runs in float32.
+
+Time: --deadline seconds for the whole command. Each part gets a share of the time left, by its plan (PLAN), and
+a part that would start after the deadline is a failed row; a command (and every process it started, torchrun's
+workers included) that outlives its share is killed, and if the whole check outlives its deadline by GRACE seconds
+it stops with one line. Each part's rows and the RESULT line so far go to out_dir/gpu_check.txt and
+out_dir/result.txt as soon as the part ends, so a killed check still leaves what it finished.
+
+Data (checked at the start: a run whose data are missing is a failed row at once, named in one line): Fashion-MNIST's
+four .gz files in data/fashion_mnist (or the Debian package's folder) for `default` and DINO, and
+data/shakespeare_char/{train,val}.bin and meta.json (python data/shakespeare_char/prepare.py) for the GPT runs;
+everything else is generated. The scripts' runs write under out_dir.
 """
 
 import atexit
+import itertools
 import math
 import os
 import re
 import runpy
+import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import replace
 from functools import partial
 
@@ -48,23 +65,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
 from common import configure, peak_flops, write_result  # noqa: E402
-from conftest import randomise  # noqa: E402
-from nanolap import build_model, make_config  # noqa: E402
+from conftest import float32_matmuls, randomise  # noqa: E402
+from data import images  # noqa: E402
+from nanolap import DINOHead, build_model, make_config  # noqa: E402
 
 only = "all"  # comma-separated parts: equal,cost,scripts,default,torchrun,tests (all = every part)
 rounds = 7  # cost: interleaved rounds; the median ratio is reported
 repeats = 3  # cost: forward+backward passes per timing
-out_dir = "out-gpu-check"  # the scripts' runs go to out_dir/<run>, the RESULT line to out_dir/result.txt
+out_dir = "out-gpu-check"  # the scripts' runs go to out_dir/<run>, the rows to gpu_check.txt, the RESULT line to result.txt
+deadline = 280  # seconds for the whole command (a GPU lease allows 300 a command, start-up included)
 
 PARTS = ("equal", "cost", "scripts", "default", "torchrun", "tests")
 # the tests that skip without CUDA (tests/test_compiled.py checks that this list names every one of them)
 CUDA_TESTS = ["tests/test_gpt.py::test_cuda_bf16_training_and_resume",
-              "tests/test_nanolap.py::test_cuda_fused_equals_explicit_in_bf16_and_flash_is_eligible"]
+              "tests/test_nanolap.py::test_cuda_fused_equals_explicit_and_the_fast_kernel_is_eligible"]
 CPU_DEFAULT_VAL_ACC = (0.9015, 0.8956, 0.9001)  # RESULTS.md: `python train_vit.py` on a 2-core CPU, seeds 0, 1, 2
-# fused against explicit, max |difference| / max |explicit value|: float32 differs by summation order only;
-# bfloat16 keeps 8 significant bits, and the two paths round P, P V and V - P V at different places
-EQUAL_LIMITS = {torch.float32: (1e-4, 1e-3), torch.bfloat16: (5e-2, 1e-1)}  # (logits, gradients)
+# fused against explicit, max |difference| / max |explicit value|: float32 differs by summation order only; half
+# precision keeps 8 (bfloat16) or 11 (float16) significant bits, and the two paths round P, P V and V - P V apart
+EQUAL_LIMITS = {torch.float32: (1e-4, 1e-3), torch.bfloat16: (5e-2, 1e-1), torch.float16: (5e-2, 1e-1)}  # (logits, grads)
 COST_LIMIT = 1.10  # all-Laplacian / all-attention step time: one subtraction per head should cost almost nothing
+# planned seconds of each part on one GPU (shares of a command's deadline); not yet timed on a GPU
+PLAN = dict(equal=40, cost=130, tests=100, scripts=150, default=70, torchrun=60)
+GRACE = 15  # seconds past the deadline before the whole check stops (a part that overran its share is killed sooner)
+MIN_START = 5  # seconds: with less time left a part is not started
+GIB = 2**30
+DATA = {  # the data a run reads, and how a fresh machine gets it
+    "fashion_mnist": "data/fashion_mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (copy the four files of "
+                     "the Debian package dataset-fashion-mnist)",
+    "shakespeare_char": "data/shakespeare_char/{train.bin,val.bin,meta.json} (python data/shakespeare_char/prepare.py)",
+}
 
 
 def row(part, check, value, limit="", ok=True, key=None, number=None):
@@ -72,21 +101,78 @@ def row(part, check, value, limit="", ok=True, key=None, number=None):
     return dict(part=part, check=check, value=value, limit=limit, ok=bool(ok), key=key, number=number)
 
 
+_runs = itertools.count()  # numbers the commands this process starts
+
+
 def run_command(cmd, timeout, env=None):
     """(return code, output lines with the seconds at which each arrived) of a command run in the repository root;
-    return code None when it ran past timeout seconds."""
-    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    return code None when it ran past timeout seconds. Then the command and every process it started are killed,
+    also those in sessions of their own (torch elastic starts its workers so) that would keep the output open:
+    they carry GPU_CHECK_RUN in their environment, which kill_runs finds."""
+    token = f"{os.getpid()}-{next(_runs)}"
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "GPU_CHECK_RUN": token}
     start = time.perf_counter()
     lines = []
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killer = threading.Timer(timeout, proc.kill)  # also when the command hangs without a word
-    killer.start()
-    for line in proc.stdout:
-        lines.append((time.perf_counter() - start, line.rstrip("\n")))
-    code = proc.wait()
-    timed_out = not killer.is_alive()
-    killer.cancel()
-    return (None if timed_out else code), lines
+
+    def read(stream):
+        for line in stream:
+            lines.append((time.perf_counter() - start, line.rstrip("\n")))
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    reader = threading.Thread(target=read, args=(proc.stdout,), daemon=True)
+    reader.start()
+    reader.join(max(timeout, 0))  # the output ends when every process that holds it has ended
+    try:
+        code = proc.wait(timeout=max(start + timeout - time.perf_counter(), 0))
+    except subprocess.TimeoutExpired:
+        code = None
+    timed_out = code is None or reader.is_alive()
+    kill_runs(token)  # a timed-out command, and whatever a finished one left running
+    if proc.poll() is None:  # no /proc to search (not Linux): its process group at least
+        with suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    reader.join(5)  # the last lines of the killed processes; then stop reading whatever still holds the pipe
+    return (None if timed_out else code), list(lines)
+
+
+def processes_of(token):
+    """Process ids of the commands run_command started with this token (`<pid>-` alone: every one of process pid)."""
+    found = []
+    mark = f"GPU_CHECK_RUN={token}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        with suppress(OSError):  # gone, or another user's
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            if any(v == mark or token.endswith("-") and v.startswith(mark) for v in environ) and int(pid) != os.getpid():
+                found.append(int(pid))
+    return found
+
+
+def kill_runs(token):
+    """SIGKILL every process started under token, and its process group: a stalled NCCL worker ignores less."""
+    for _ in range(3):  # a dying parent may start no more, but check again for ones caught mid-start
+        pids = processes_of(token)
+        if not pids:
+            return
+        for pid in pids:
+            with suppress(OSError):
+                group = os.getpgid(pid)
+                if group != os.getpgrp():
+                    os.killpg(group, signal.SIGKILL)
+            with suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+
+
+def seconds_left(until):
+    """Seconds until the perf_counter time `until` (inf for None)."""
+    return math.inf if until is None else until - time.perf_counter()
+
+
+def share(until, n):
+    """Seconds for the next of n runs that share the time until `until` (each run gets an equal part of what is left)."""
+    return seconds_left(until) / max(n, 1)
 
 
 def result_of(lines):
@@ -143,23 +229,40 @@ def equal_configs():
     return {"vit": (vit, 8), "gpt": (gpt, 4)}  # config, batch
 
 
-def part_equal(device="cuda", configs=None, cases=None):
-    """cases: (dtype, SDPA backend) pairs of the attention graph (FlashAttention runs in half precision only)."""
+def half_dtype(capability=None):
+    """Half precision for autocast: bfloat16 from compute capability 8.0 (Ampere) on, float16 below it (a T4 or a
+    V100 has no bfloat16 tensor cores). capability None: a CPU, bfloat16."""
+    return torch.float16 if capability is not None and capability < (8, 0) else torch.bfloat16
+
+
+def part_equal(device="cuda", configs=None, cases=None, until=None, capability=None):
+    """cases: (dtype, SDPA backend) pairs of the attention graph (FlashAttention runs in half precision only, and
+    from compute capability 8.0 on: below it its rows say so without failing). until: no case starts after this
+    perf_counter time."""
     from torch.nn.attention import SDPBackend
-    torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 here (the scripts allow TF32)
-    cases = cases or [(torch.float32, SDPBackend.EFFICIENT_ATTENTION), (torch.bfloat16, SDPBackend.FLASH_ATTENTION),
-                      (torch.bfloat16, SDPBackend.EFFICIENT_ATTENTION)]
+    half = half_dtype(capability)
+    cases = cases or [(torch.float32, SDPBackend.EFFICIENT_ATTENTION), (half, SDPBackend.FLASH_ATTENTION),
+                      (half, SDPBackend.EFFICIENT_ATTENTION)]
     rows = []
     for kind, (cfg, batch) in (configs or equal_configs()).items():
         for graph in ("attention", "uniform"):
             # the uniform graph calls no SDPA kernel: one row per dtype
-            todo = cases if graph == "attention" else [(torch.float32, None), (torch.bfloat16, None)]
+            todo = cases if graph == "attention" else [(torch.float32, None), (half, None)]
             for amp_dtype, backend in todo:
                 limits = EQUAL_LIMITS[amp_dtype]
                 name = f"{kind} {graph} n_lap={cfg.n_lap} {str(amp_dtype).split('.')[1]}"
                 name += f" {backend.name.replace('_ATTENTION', '').lower()}" if backend is not None else ""
+                if seconds_left(until) <= 0:
+                    rows.append(row("equal", name, "not run: the part's time is up", "runs", False))
+                    continue
+                if backend == SDPBackend.FLASH_ATTENTION and capability is not None and capability < (8, 0):
+                    rows.append(row("equal", name, f"not run: FlashAttention needs compute capability 8.0, this GPU "
+                                                   f"has {capability[0]}.{capability[1]}", "", True))
+                    continue
                 try:
-                    errors = fused_vs_explicit(replace(cfg, graph=graph), model_input(cfg, batch), device, amp_dtype, backend)
+                    with float32_matmuls():  # float32 means float32 here (the scripts allow TF32)
+                        errors = fused_vs_explicit(replace(cfg, graph=graph), model_input(cfg, batch), device, amp_dtype,
+                                                   backend)
                 except RuntimeError as e:  # sdpa_kernel: the restricted kernel cannot run
                     rows.append(row("equal", name, str(e).splitlines()[0][:80], "runs", False))
                     continue
@@ -212,27 +315,48 @@ def lap_cost(cfg, x, compiled, rounds, repeats, device="cpu", amp_dtype=torch.fl
     torch.manual_seed(0)
     models = [build_model(replace(cfg, n_lap=k)).to(device) for k in (0, cfg.n_head)]
     models[1].load_state_dict(models[0].state_dict())  # the same weights: only the head type differs
+    # Module.compile compiles one frame that every Block shares: blocks of one head layout share one compilation
+    # (2 instead of 2 x n_layer). Without the reset the blocks of this case would meet the earlier case's graphs and
+    # recompile with symbolic shapes; dynamic=False keeps every graph specialised to its shapes
+    torch._dynamo.reset()
     for block in [b for m in models for b in m.blocks] if compiled else []:
-        block.compile(fullgraph=True)  # blocks of one head layout share one compilation: 2 instead of 2 x n_layer
+        block.compile(fullgraph=True, dynamic=False)
     amp = nullcontext() if amp_dtype == torch.float32 else torch.autocast(str(device).split(":")[0], dtype=amp_dtype)
     ratio, a, b = interleaved_ratio(models, x.to(device), rounds, repeats, amp)
     return ratio, a * 1e3, b * 1e3
 
 
-def cost_cases():
-    """Sizes a user trains: ViT-S/16 on 224 px images (197 tokens), a d12 GPT (nanochat's) at T = 1024."""
+def fitting_batch(full, gib_per_item, free_gib):
+    """The largest power-of-two fraction of the batch `full` whose estimated memory (gib_per_item each) takes at most
+    60% of the GPU's free memory (None: all of it)."""
+    batch = full
+    while free_gib is not None and batch > 1 and batch * gib_per_item > 0.6 * free_gib:
+        batch //= 2
+    return batch
+
+
+def cost_cases(free_gib=None):
+    """Sizes a user trains: ViT-S/16 on 224 px images (197 tokens), a d12 GPT (nanochat's) at T = 1024; batches
+    halved until they fit the GPU's free memory (estimates for half precision autocast: a ViT-S image 0.08 GiB, a GPT
+    sequence 1.5 GiB, a third of it its float32 logits and their gradient, 1024 x 65,536 x 4 bytes = 0.25 GiB a copy)."""
     vit = make_config("vit-s", num_classes=1000)
     gpt = make_config("gpt-d20", n_layer=12, n_embd=768, n_head=6, vocab_size=65536, block_size=1024)
-    return {"vit-s/16 T=197 B=128": (vit, model_input(vit, 128)), "gpt d12 T=1024 B=16": (gpt, model_input(gpt, 16))}
+    b_vit = fitting_batch(128, 0.08, free_gib)
+    b_gpt = fitting_batch(16, 1.5, free_gib)
+    return {f"vit-s/16 T=197 B={b_vit}": (vit, model_input(vit, b_vit)),
+            f"gpt d12 T=1024 B={b_gpt}": (gpt, model_input(gpt, b_gpt))}
 
 
-def part_cost(device="cuda", cases=None, rounds=7, repeats=3, amp_dtype=torch.bfloat16):
+def part_cost(device="cuda", cases=None, rounds=7, repeats=3, amp_dtype=torch.bfloat16, until=None, free_gib=None):
     rows = []
-    for name, (cfg, x) in (cases or cost_cases()).items():
+    for name, (cfg, x) in (cases or cost_cases(free_gib)).items():
         for compiled in (False, True):
             mode = "compiled" if compiled else "eager"
-            ratio, a, b = lap_cost(cfg, x, compiled, rounds, repeats, device, amp_dtype)
             key = f"lap_cost_{cfg.model}_{mode}"
+            if seconds_left(until) <= 0:
+                rows.append(row("cost", f"{name} {mode}", "not run: the part's time is up", f"<= {COST_LIMIT}", False))
+                continue
+            ratio, a, b = lap_cost(cfg, x, compiled, rounds, repeats, device, amp_dtype)
             rows.append(row("cost", f"{name} {mode}: n_lap=0 {a:.1f} ms, n_lap={cfg.n_head} {b:.1f} ms",
                             f"{ratio:.3f}", f"<= {COST_LIMIT}", ratio <= COST_LIMIT, key, f"{ratio:.3f}"))
     return rows
@@ -278,30 +402,46 @@ def run_script_here(script, argv, colour=0):
     runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
 
 
-def script_runs(device="cuda", out="out-gpu-check"):
-    """name -> (script, options, colour images, units per step, unit, training FLOPs per step)."""
+def dino_flops_per_image(backbone_config, out_dim=4096, hidden=256, bottleneck=64, crops=2, tokens=17):
+    """Training FLOPs per image of train_dino.py's default recipe: on each global crop the student's forward and
+    backward (3 x a forward) and the teacher's forward, each through the backbone and the DINO head (its matmuls:
+    2 FLOPs per weight and crop; about a tenth of the default's work)."""
+    backbone = build_model(backbone_config).flops_per_token(tokens) * tokens  # forward + backward
+    head = DINOHead(backbone_config.n_embd, out_dim, hidden, bottleneck)
+    head_forward = 2 * sum(p.numel() for p in head.parameters() if p.ndim >= 2)
+    return crops * (backbone * (1 + 1 / 3) + head_forward * (3 + 1))
+
+
+def script_runs(device="cuda", out="out-gpu-check", free_gib=None, capability=None):
+    """name -> (script, options, colour images, units per step, unit, training FLOPs per step, data it needs).
+    Batches are halved until they fit the GPU's free memory (estimates); below compute capability 8.0 the runs are
+    float16 with a gradient scaler instead of bfloat16, but train_gpt.py's in float32 (it refuses float16)."""
     from data import text
-    common = [f"--device={device}", "--compile_model=True", "--dtype=bfloat16"]
+    half = str(half_dtype(capability)).split(".")[1]
+    gpt_dtype = half if half == "bfloat16" else "float32"
+    common = [f"--device={device}", "--compile_model=True"]
     vit = make_config("vit-small", n_lap=6, num_classes=10, in_chans=3, img_size=32, patch_size=4, pooling="cls")
     vit_flops = build_model(vit).flops_per_token(65) * 65  # per image: 64 patches + CLS
     vocab = text.load_meta(os.path.join(ROOT, "data"), "shakespeare_char")["vocab_size"] if os.path.isfile(
         os.path.join(ROOT, "data/shakespeare_char/meta.json")) else 65
     gpt = make_config("gpt-d20", n_layer=12, n_embd=768, n_head=6, n_lap=3, vocab_size=vocab, block_size=1024)
     gpt_flops = build_model(gpt).flops_per_token(1024)  # per token
-    dino = make_config("vit-cpu", n_lap=2, num_classes=0)  # train_dino.py's default backbone: 17 tokens
-    # per image: the student's forward+backward and the teacher's forward (a third of that) on 2 global crops
-    dino_flops = build_model(dino).flops_per_token(17) * 17 * 2 * (1 + 1 / 3)
+    dino_flops = dino_flops_per_image(make_config("vit-cpu", n_lap=2, num_classes=0))  # the default backbone: 17 tokens
+    b_vit = fitting_batch(512, 0.01, free_gib)
+    b_gpt = fitting_batch(32, 0.9 if gpt_dtype == "bfloat16" else 1.8, free_gib)
     return {
         "vit cifar10 model": ("train_vit.py", ["config/vit_cifar10.py", "--dataset=synthetic", "--epochs=2",
-                              "--warmup_epochs=1", "--val_subset=2048", "--log_interval=25", f"--out_dir={out}/vit",
-                              *common], 51200, 512, "img", 512 * vit_flops),
-        "gpt d12 T=1024": ("train_gpt.py", ["--preset=gpt-d20", "--n_layer=12", "--n_embd=768", "--n_head=6",
-                           "--n_lap=3", "--block_size=1024", "--batch_size=32", "--max_iters=150",
-                           "--eval_interval=150", "--eval_iters=4", "--log_interval=10", "--max_new_tokens=0",
-                           f"--out_dir={out}/gpt", *common], 0, 32 * 1024, "tok", 32 * 1024 * gpt_flops),
-        "dino default 0.3 ep": ("train_dino.py", ["--epochs=0.3", "--eval_train=5000", "--eval_val=2000",
-                                "--probe_steps=200", "--seg_dataset=none", "--log_interval=25", f"--out_dir={out}/dino", *common],
-                                0, 64, "img", 64 * dino_flops),
+                              "--warmup_epochs=1", "--val_subset=2048", "--log_interval=10", f"--batch_size={b_vit}",
+                              f"--out_dir={out}/vit", *common, f"--dtype={half}"], 50 * b_vit, b_vit, "img",
+                              b_vit * vit_flops, None),
+        f"gpt d12 T=1024 B={b_gpt}": ("train_gpt.py", [
+            "--preset=gpt-d20", "--n_layer=12", "--n_embd=768", "--n_head=6", "--n_lap=3", "--block_size=1024",
+            f"--batch_size={b_gpt}", "--max_iters=60", "--eval_interval=60", "--eval_iters=4", "--log_interval=10",
+            "--max_new_tokens=0", f"--out_dir={out}/gpt", *common, f"--dtype={gpt_dtype}"], 0, b_gpt * 1024, "tok",
+            b_gpt * 1024 * gpt_flops, "shakespeare_char"),
+        "dino default 0.1 ep": ("train_dino.py", ["--epochs=0.1", "--eval_train=5000", "--eval_val=2000",
+                                "--probe_steps=100", "--seg_dataset=none", "--log_interval=10", f"--out_dir={out}/dino",
+                                *common, f"--dtype={half}"], 0, 64, "img", 64 * dino_flops, "fashion_mnist"),
     }
 
 
@@ -317,10 +457,12 @@ def progress(lines):
 
 
 def timing(lines):
-    """(steps/s, compile and warm-up seconds) of a run's output: steps/s is the median rate between progress lines
-    that follow each other directly (no evaluation between them); compile and warm-up is the time from the set-up
-    line ('schedule:', 'batch:' or 'backbone:') to the first progress line, less its steps at the steady rate
-    (it includes an evaluation at step 0). None where the output has too few progress lines."""
+    """(steps/s, compile and warm-up seconds) of a run's output. steps/s is the median rate between progress lines
+    that follow each other directly (no evaluation between them). Compile and warm-up, alike for the three scripts:
+    the training graph's (the time from the start of training to the first progress line, less its steps at the
+    steady rate; training starts at the set-up line 'schedule:', 'batch:' or 'backbone:', or at the evaluation of
+    step 0 where one comes first, which is left out) plus the evaluation graph's (the first evaluation's time less
+    the last one's, each from the line before it). None where the output has too few progress lines."""
     index = {t: i for i, (t, _) in enumerate(lines)}
     marks = progress(lines)
     rates = [(s1 - s0) / (t1 - t0) for (t0, s0), (t1, s1) in zip(marks, marks[1:])
@@ -329,8 +471,14 @@ def timing(lines):
         return None, None
     rate = statistics.median(rates)
     setup = [t for t, text in lines if re.match(r"(schedule|batch|backbone):", text)]
-    compile_s = marks[0][0] - setup[0] - marks[0][1] / rate if setup else None
-    return rate, compile_s
+    if not setup:
+        return rate, None
+    evals = [i for i, (t, text) in enumerate(lines) if re.match(r"eval (step|epoch) \d+:", text) and t > setup[0]]
+    before = [lines[i][0] for i in evals if lines[i][0] < marks[0][0]]  # the evaluation of step 0
+    train_compile = marks[0][0] - (before[-1] if before else setup[0]) - marks[0][1] / rate
+    durations = [lines[i][0] - lines[i - 1][0] for i in evals]
+    eval_compile = durations[0] - durations[-1] if len(durations) > 1 else 0.0
+    return rate, train_compile + eval_compile
 
 
 def peak_memory(lines):
@@ -365,11 +513,36 @@ def script_rows(name, per_step, unit, flops_per_step, peak, code, lines):
             row("scripts", f"{name}: compile+warm-up s | peak GiB", setup)]
 
 
-def part_scripts(device="cuda", out="out-gpu-check", timeout=180):
+def missing_data(name):
+    """'' when the data `name` (a key of DATA, or None) is on disk, else what is missing and how to get it."""
+    if name == "fashion_mnist":
+        files = [f for pair in images.FASHION_FILES.values() for f in pair]
+        folders = [os.path.join(ROOT, "data", "fashion_mnist"), os.path.join(ROOT, "data", "fashion_mnist", "FashionMNIST",
+                                                                             "raw"), images.DEBIAN_FASHION]
+        found = any(all(os.path.isfile(os.path.join(d, f)) for f in files) for d in folders)
+    elif name == "shakespeare_char":
+        found = all(os.path.isfile(os.path.join(ROOT, "data", name, f)) for f in ("train.bin", "val.bin", "meta.json"))
+    else:
+        found = True
+    return "" if found else f"missing {DATA[name]}"
+
+
+def data_row(part, name, data):
+    """A failed row at once for a run whose data are missing, else None."""
+    missing = missing_data(data)
+    return row(part, f"{name}: data", missing, "on disk", False) if missing else None
+
+
+def part_scripts(device="cuda", out="out-gpu-check", timeout=180, until=None, free_gib=None, capability=None):
     rows = []
     peak = peak_flops(device)
-    for name, (script, options, colour, per_step, unit, flops_per_step) in script_runs(device, out).items():
-        code, lines = run_command(timed_command(script, options, colour), timeout)
+    runs = script_runs(device, out, free_gib, capability)
+    for n, (name, (script, options, colour, per_step, unit, flops_per_step, data)) in enumerate(runs.items()):
+        missing = data_row("scripts", name, data)
+        if missing:
+            rows.append(missing)
+            continue
+        code, lines = run_command(timed_command(script, options, colour), min(timeout, share(until, len(runs) - n)))
         rows += script_rows(name, per_step, unit, flops_per_step, peak, code, lines)
     return rows
 
@@ -382,26 +555,33 @@ def seed_band(values=CPU_DEFAULT_VAL_ACC, k=3):
 
 
 def default_command(device="cuda", out="out-gpu-check"):
-    return [sys.executable, "train_vit.py", f"--device={device}", "--batch_size=256", f"--out_dir={out}/vit-default"]
+    """The CPU default recipe in one process, in float32 as the CPU seeds ran (the scripts' TF32 matmuls on a GPU)."""
+    return [sys.executable, "train_vit.py", f"--device={device}", "--batch_size=256", "--dtype=float32",
+            f"--out_dir={out}/vit-default"]
 
 
 def default_row(code, lines):
     """The default recipe's accuracy against the CPU seeds' band."""
-    failed = failed_run("default", "train_vit.py --batch_size=256", code, lines)
+    failed = failed_run("default", "train_vit.py --batch_size=256 --dtype=float32", code, lines)
     if failed:
         return failed
     result = result_of(lines)
     low, high = seed_band()
     acc = float(result["val_acc"])
-    return row("default", f"train_vit.py default to the end ({result.get('seconds', '?')} s)", f"val_acc {acc:.4f}",
-               f"{low:.4f}..{high:.4f}", low <= acc <= high, "vit_default_val_acc", f"{acc:.4f}")
+    return row("default", f"train_vit.py default to the end, float32 ({result.get('seconds', '?')} s)",
+               f"val_acc {acc:.4f}", f"{low:.4f}..{high:.4f} (CPU seeds)", low <= acc <= high, "vit_default_val_acc",
+               f"{acc:.4f}")
 
 
-def part_default(out="out-gpu-check", timeout=300):
-    return [default_row(*run_command(default_command("cuda", out), timeout))]
+def part_default(out="out-gpu-check", timeout=300, until=None):
+    return [data_row("default", "train_vit.py default", "fashion_mnist")
+            or default_row(*run_command(default_command("cuda", out), min(timeout, share(until, 1))))]
 
 
 # ---- torchrun: the NCCL path --------------------------------------------------
+TORCHRUN_DATA = {"vit": None, "gpt": "shakespeare_char"}
+
+
 def torchrun_commands(nprocs, out="out-gpu-check"):
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}"]
     vit = ["train_vit.py", "--dataset=synthetic", "--train_subset=1024", "--val_subset=256", "--batch_size=64",
@@ -417,67 +597,132 @@ def checksums(lines):
 
 
 def torchrun_row(name, nprocs, code, lines):
-    """A torchrun run: exit 0 and a RESULT line; with several processes, one checksum for all ranks."""
+    """A torchrun run: exit 0 and a RESULT line; with several processes, one checksum for all ranks. With one
+    process the world size is 1: NCCL starts, and no gradient is exchanged."""
     failed = failed_run("torchrun", f"{name} torchrun --nproc_per_node={nprocs}", code, lines)
     if failed:
         return failed
     distinct = set(checksums(lines).values())
     ok = nprocs == 1 or (len(checksums(lines)) == nprocs and len(distinct) == 1)
-    return row("torchrun", f"{name}: torchrun --nproc_per_node={nprocs}", f"RESULT, {len(distinct)} distinct checksum(s)",
+    what = f"RESULT, {len(distinct)} distinct checksum(s)" if nprocs > 1 else "RESULT (world size 1: NCCL start-up only)"
+    return row("torchrun", f"{name}: torchrun --nproc_per_node={nprocs}", what,
                "exit 0" + (", 1 checksum" if nprocs > 1 else ""), ok)
 
 
-def part_torchrun(out="out-gpu-check", timeout=150):
+def part_torchrun(out="out-gpu-check", timeout=150, until=None):
     nprocs = min(2, torch.cuda.device_count())
-    return [torchrun_row(name, nprocs, *run_command(cmd, timeout)) for name, cmd in torchrun_commands(nprocs, out).items()]
+    commands = torchrun_commands(nprocs, out)
+    rows = []
+    for n, (name, cmd) in enumerate(commands.items()):
+        rows.append(data_row("torchrun", name, TORCHRUN_DATA[name])
+                    or torchrun_row(name, nprocs, *run_command(cmd, min(timeout, share(until, len(commands) - n)))))
+    return rows
 
 
 # ---- tests: the CUDA-only tests ---------------------------------------------
-def part_tests(timeout=300):
+def part_tests(timeout=300, until=None):
     code, lines = run_command([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
-                               *CUDA_TESTS], timeout)
+                               *CUDA_TESTS], min(timeout, share(until, 1)))
     summary = next((text for _, text in reversed(lines) if re.search(r"\d+ (passed|failed|skipped|error)", text)), tail(lines))
     skipped = "skipped" in summary
-    return [row("tests", f"{len(CUDA_TESTS)} CUDA-only tests", summary[-80:], "all pass, none skipped",
-                code == 0 and not skipped)]
+    return [row("tests", f"{len(CUDA_TESTS)} CUDA-only tests", summary[-80:] if code is not None else "timed out",
+                "all pass, none skipped", code == 0 and not skipped)]
 
 
-# ---- the table ---------------------------------------------------------------
-def print_table(rows):
+# ---- the table, the deadline and the output of each part --------------------
+PART_DATA = {"scripts": ("shakespeare_char", "fashion_mnist"), "default": ("fashion_mnist",),
+             "torchrun": ("shakespeare_char",)}
+ROWS = "gpu_check.txt"  # in out_dir: each part's rows, written as the part ends
+
+
+def print_table(rows, file=None):
     widths = [max(len(str(r[k])) for r in rows + [dict(part="part", check="check", value="value", limit="limit")])
               for k in ("part", "check", "value", "limit")]
     header = ("part", "check", "value", "limit", "ok")
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths + [2])))
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths + [2])), file=file)
     for r in rows:
         cells = [str(r[k]) for k in ("part", "check", "value", "limit")] + ["ok" if r["ok"] else "FAIL"]
-        print("  ".join(c.ljust(w) for c, w in zip(cells, widths + [4])))
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths + [4])), file=file)
 
 
-def main(parts, out):
-    name = torch.cuda.get_device_name(0)
-    print(f"gpu_check: {name}, {torch.cuda.device_count()} GPU(s), torch {torch.__version__}, parts {','.join(parts)}", flush=True)
+def gpu_facts(index=0):
+    """(name, compute capability, free memory in GiB) of a GPU."""
+    free, _ = torch.cuda.mem_get_info(index)
+    return torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index), free / GIB
+
+
+def part_runners(out, capability=None, free_gib=None):
+    """part -> a function of `until` (the perf_counter time by which it must end) that returns the part's rows."""
+    return dict(equal=partial(part_equal, capability=capability),
+                cost=partial(part_cost, rounds=rounds, repeats=repeats, amp_dtype=half_dtype(capability), free_gib=free_gib),
+                scripts=partial(part_scripts, out=out, free_gib=free_gib, capability=capability),
+                default=partial(part_default, out=out), torchrun=partial(part_torchrun, out=out), tests=part_tests)
+
+
+def give_up(code):
+    """The end of a check that overran its deadline: threads and children may still hang, so no clean exit."""
+    os._exit(code)
+
+
+def overrun(out, running, seconds):
+    """The watchdog's action GRACE seconds after the deadline: one line, the started processes killed, exit 1."""
+    line = (f"gpu_check: the deadline ({seconds:.0f} s + {GRACE} s) passed during part {running[-1]}: stopped; the rows "
+            f"of the parts that ended are in {os.path.join(out, ROWS)}")
+    print(line, flush=True)
+    with open(os.path.join(out, ROWS), "a") as f:
+        f.write(line + "\n")
+    kill_runs(f"{os.getpid()}-")
+    give_up(1)
+
+
+def main(parts, out, seconds=None, runners=None, gpu=None):
+    """Run the parts in order within `seconds` (the --deadline); returns the number of failed rows. Each part gets a
+    share of the time left by PLAN; one that cannot start in time is a failed row. runners and gpu ((name,
+    capability, free GiB)) stand in for the real parts and GPU in tests."""
+    seconds = deadline if seconds is None else seconds
+    name, capability, free_gib = gpu or gpu_facts()
+    print(f"gpu_check: {name} (compute capability {capability[0]}.{capability[1]}, {free_gib:.0f} GiB free), "
+          f"{torch.cuda.device_count()} GPU(s), torch {torch.__version__}, parts {','.join(parts)}, deadline {seconds} s",
+          flush=True)
+    for data in sorted({d for p in parts for d in PART_DATA.get(p, ())}):
+        if missing_data(data):
+            print(f"gpu_check: {missing_data(data)}: the runs that read it fail", flush=True)
     start = time.perf_counter()
+    end = start + seconds
+    runners = runners or part_runners(out, capability, free_gib)
     rows = []
-    seconds = {}
-    run_part = dict(equal=part_equal, cost=partial(part_cost, rounds=rounds, repeats=repeats),
-                    scripts=partial(part_scripts, out=out), default=partial(part_default, out=out),
-                    torchrun=partial(part_torchrun, out=out), tests=part_tests)
-    for part in parts:
+    running = ["start"]
+    watchdog = threading.Timer(seconds + GRACE, overrun, args=(out, running, seconds))
+    watchdog.daemon = True
+    watchdog.start()
+    open(os.path.join(out, ROWS), "w").close()
+    for n, part in enumerate(parts):
+        running.append(part)
         t0 = time.perf_counter()
-        try:
-            rows += run_part[part]()
-        except Exception as e:  # one broken part (out of memory, say) still leaves the others' rows
-            rows.append(row(part, "runs", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
-                            "no exception", False))
-        torch.cuda.empty_cache()  # the subprocesses of later parts get the memory back
-        seconds[part] = time.perf_counter() - t0
-        print(f"gpu_check: {part} done in {seconds[part]:.0f} s", flush=True)
+        left = end - t0
+        until = t0 + left * PLAN[part] / sum(PLAN[p] for p in parts[n:])
+        if left < MIN_START:
+            part_rows = [row(part, "runs", f"not started: {seconds} s deadline reached", "starts", False)]
+        else:
+            try:
+                part_rows = runners[part](until=until)
+            except Exception as e:  # one broken part (out of memory, say) still leaves the others' rows
+                part_rows = [row(part, "runs", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+                                 "no exception", False)]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the subprocesses of later parts get the memory back
+        rows += part_rows
+        print(f"gpu_check: {part} done in {time.perf_counter() - t0:.0f} s (its share {until - t0:.0f} s)", flush=True)
+        with open(os.path.join(out, ROWS), "a") as f:
+            print_table(part_rows, file=f)
+        result = dict(gpu=name.replace(" ", "_"), torch=torch.__version__, parts=",".join(parts[:n + 1]),
+                      checks=len(rows), failed=sum(not r["ok"] for r in rows), seconds=round(time.perf_counter() - start),
+                      **{r["key"]: r["number"] for r in rows if r["key"]})
+        write_result(out, **result)  # the RESULT line so far: a killed check keeps it
+    watchdog.cancel()
     print_table(rows)
-    failed = sum(not r["ok"] for r in rows)
-    numbers = {r["key"]: r["number"] for r in rows if r["key"]}
-    write_result(out, gpu=name.replace(" ", "_"), torch=torch.__version__, parts=",".join(parts), checks=len(rows),
-                 failed=failed, seconds=round(time.perf_counter() - start), **numbers)
-    return failed
+    write_result(out, **result)
+    return result["failed"]
 
 
 if __name__ == "__main__" and sys.argv[1:2] and sys.argv[1].startswith("--run_script="):
@@ -494,4 +739,4 @@ elif __name__ == "__main__":
         sys.exit(2)
     out_dir = os.path.abspath(out_dir)  # the runs happen in the repository root
     os.makedirs(out_dir, exist_ok=True)
-    sys.exit(1 if main(wanted, out_dir) else 0)
+    sys.exit(1 if main(wanted, out_dir, deadline) else 0)

@@ -230,13 +230,14 @@ def test_vit_flops_per_token_is_the_counted_flops_plus_its_non_matmul_parameters
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
     ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA GH200 480GB", 989e12),
     ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100-SXM4-40GB", 312e12), ("NVIDIA A100-PCIE-40GB", 312e12),
-    ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA A10", 125e12), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
+    ("NVIDIA A100 80GB PCIe", 312e12), ("NVIDIA A100-SXM-80GB", 312e12), ("NVIDIA H100 SXM5 80GB", 989e12),
+    ("NVIDIA H100 80GB HBM3e", 989e12), ("NVIDIA H200 141GB HBM3e", 989e12), ("NVIDIA A10", 125e12), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
     ("NVIDIA L40", 181e12), ("Tesla T4", 65e12), ("Tesla V100-SXM2-32GB", 125e12),
     ("NVIDIA GeForce RTX 4090", 165e12), ("NVIDIA GeForce RTX 3090", 71e12), ("NVIDIA GeForce RTX 3090 Ti", 80e12),
     ("NVIDIA GeForce RTX 4080", 97.5e12), ("NVIDIA GeForce RTX 3080", 59.5e12), ("NVIDIA RTX A6000", 155e12),
     # unknown, or another chip under a similar name: no MFU rather than a wrong one
     ("NVIDIA A10G", None), ("NVIDIA GeForce RTX 4090 Laptop GPU", None), ("NVIDIA GeForce RTX 4090 D", None),
-    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA GeForce GTX 1080 Ti", None), ("Radeon RX 7900 XTX", None),
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None), ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None), ("Tesla V100S-PCIE-32GB", None), ("NVIDIA GeForce GTX 1080 Ti", None), ("Radeon RX 7900 XTX", None),
 ])
 def test_peak_flops_by_gpu_name(name, peak):
     got = common.peak_flops("cuda", name=name)
@@ -248,8 +249,9 @@ def test_peak_flops_of_a_cpu_is_none():
 
 
 # ---- the rest of gpu_check.py on the CPU -------------------------------------
-def test_gpu_check_refuses_without_cuda_in_one_line():
-    done = subprocess.run([sys.executable, "tests/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+@pytest.mark.parametrize("parts", [[], ["--only=equal,cost,tests"], ["--only=scripts,default,torchrun"]])
+def test_gpu_check_refuses_without_cuda_in_one_line(parts):
+    done = subprocess.run([sys.executable, "tests/gpu_check.py", *parts], cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, **ENV), timeout=120)
     assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
     assert done.stderr.startswith("gpu_check.py needs a CUDA GPU")
@@ -326,16 +328,21 @@ def test_table_and_torchrun_commands():
 
 
 def test_gpu_checks_main_prints_the_table_and_result_and_survives_a_broken_part(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(gpu_check, "part_equal", lambda: [gpu_check.row("equal", "vit", "logits 1e-07", "1e-04", True)])
 
-    def broken_cost(rounds, repeats):
+    def equal(**kwargs):
+        return [gpu_check.row("equal", "vit", "logits 1e-07", "1e-04", True)]
+
+    def broken_cost(**kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
 
+    def tests(**kwargs):
+        return [gpu_check.row("tests", "2 tests", "2 passed", "", True, "t", "2")]
+
+    monkeypatch.setattr(gpu_check, "part_equal", equal)
     monkeypatch.setattr(gpu_check, "part_cost", broken_cost)
-    monkeypatch.setattr(gpu_check, "part_tests", lambda: [gpu_check.row("tests", "2 tests", "2 passed", "", True, "t", "2")])
-    assert gpu_check.main(("equal", "cost", "tests"), str(tmp_path)) == 1
+    monkeypatch.setattr(gpu_check, "part_tests", tests)
+    assert gpu_check.main(("equal", "cost", "tests"), str(tmp_path), gpu=("NVIDIA H200", (9, 0), 130.0)) == 1
     out = capsys.readouterr().out
     assert "OutOfMemoryError: CUDA out of memory" in out and "FAIL" in out and "2 passed" in out
     assert common.read_result(str(tmp_path)) == dict(gpu="NVIDIA_H200", torch=torch.__version__, parts="equal,cost,tests",

@@ -519,3 +519,48 @@ def test_unused_sizes_are_not_checked(tmp_path):
     r = run(SCRIPT, *TINY, "--local_crops=0", "--local_size=12", "--seg_size=50", "--epochs=1.0", "--stop_at_step=1",
                    f"--out_dir={tmp_path}")
     assert r.returncode == 0 and "stopped at step 1 of 4" in r.stdout, r.stderr
+
+
+def test_augmentation_never_waits_for_the_device():
+    """No host sync in the augmentation, shown without CUDA: the images live on the meta device (shapes, no values),
+    and a read of a device tensor's value on the host (.item(), `if tensor`, float(tensor)) is counted. On a GPU each
+    such read waits for every kernel queued before it. Numbers drawn on the CPU may be read: that waits for nothing."""
+    import train_vit
+    reads = []
+    originals = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "__float__")}
+
+    def counted(name, fallback):
+        def read(t):
+            if t.device.type == "cpu":
+                return originals[name](t)
+            reads.append(name)
+            return fallback
+        return read
+
+    for name, fallback in (("item", 0.5), ("__bool__", True), ("__float__", 0.5)):
+        setattr(torch.Tensor, name, counted(name, fallback))
+    try:
+        torch.manual_seed(0)
+        x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8).to("meta")
+        config = options(global_size=24, local_size=12, local_crops=2)
+        crops = augment.MultiCrop(config, 3, [0.5] * 3, [0.25] * 3)(x, torch.Generator().manual_seed(0))
+        mean, std = torch.full((1, 3, 1, 1), 0.5, device="meta"), torch.full((1, 3, 1, 1), 0.25, device="meta")
+        y = torch.randint(0, 10, (8,)).to("meta")
+        images, targets = train_vit.augment_batch(x, y, 32, mean, std, augment.make_mixer(0.8, 1.0, 10), crop_padding=4,
+                                                  three_augment=True, color_jitter=0.3, random_erasing=0.25)
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    assert [c.device.type for c in crops] == ["meta", "meta"] and images.shape == (8, 3, 32, 32)
+    assert reads == [], f"host reads of device tensors in the augmentation: {sorted(set(reads))}, {len(reads)} in all"
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_stops_the_run_before_its_next_checkpoint(tmp_path):
+    """The losses are read from the device at progress lines and evaluations, not every step: a NaN still stops the
+    run in one line, at the first read after it, and the checkpoint of step 0 stays as it was (finite)."""
+    r = run(SCRIPT, *TINY, "--lr=1e38", "--log_interval=3", "--eval_interval=6", "--epochs=2", f"--out_dir={tmp_path}")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert re.match(r"error: non-finite loss nan at step [0-2]: stopping at step 3; the last checkpoint is intact", r.stderr)
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert ckpt["step"] == 0 and all(torch.isfinite(v).all() for v in ckpt["student"].values())

@@ -86,13 +86,16 @@ def run(args, script=SCRIPT, timeout=180):
 
 
 def train(args):
-    """`python train_gpt.py args` in this process (its run section, as __main__); returns its globals."""
+    """`python train_gpt.py args` in this process (its run section, as __main__); returns its globals. The process-wide
+    TF32 flags that a CUDA run sets go back as they were, also when the run fails."""
     argv = sys.argv
     sys.argv = [SCRIPT] + args
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     try:
         return runpy.run_path(SCRIPT, run_name="__main__")
     finally:
         sys.argv = argv
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 

@@ -11,9 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import common
 import nanolap
-from conftest import randomise
+from conftest import float32_matmuls, randomise
 from nanolap import MixedHeadAttention, build_model, make_config
 
 
@@ -165,16 +164,17 @@ def test_zero_initialised_projections_make_every_block_a_no_op():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_fused_equals_explicit_in_bf16_and_flash_is_eligible():
+def test_cuda_fused_equals_explicit_and_the_fast_kernel_is_eligible():
     torch.manual_seed(0)
     cfg = make_config("gpt-tiny", n_lap=[0, 4, 2, 1], vocab_size=50, block_size=256)
     model = randomise(build_model(cfg), std=0.1).cuda().eval()
     idx = torch.randint(0, 50, (2, 256), device="cuda")
     with torch.no_grad():
-        torch.testing.assert_close(model(idx), model(idx, explicit=True), atol=1e-3, rtol=1e-3)
+        with float32_matmuls():  # a training run in this process may have allowed TF32: 2e-3 apart, not 4e-6
+            torch.testing.assert_close(model(idx), model(idx, explicit=True), atol=1e-3, rtol=1e-3)
         # what --dtype=auto trains in: bfloat16 and FlashAttention from capability 8.0, float16 and the memory-efficient
         # kernel below (a T4), both kernels that never build the T x T matrix
-        amp = common.amp_dtype("cuda")
+        amp = torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float16
         from torch.nn.attention import SDPBackend, sdpa_kernel
         kernel = SDPBackend.FLASH_ATTENTION if amp == torch.bfloat16 else SDPBackend.EFFICIENT_ATTENTION
         with torch.autocast("cuda", dtype=amp):

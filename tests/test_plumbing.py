@@ -324,3 +324,19 @@ def test_machine_name_is_one_word_naming_the_gpu_or_the_cpu_and_its_kernels(monk
     assert cpu.endswith("_" + torch.backends.cpu.get_cpu_capability()) and " " not in cpu and len(cpu) > 8
     monkeypatch.setattr(common, "cpu_model_name", lambda: "Apple  M2 Pro")
     assert common.machine_name("mps") == f"Apple_M2_Pro_{torch.backends.cpu.get_cpu_capability()}"
+
+
+def test_a_cuda_run_allows_tf32_and_its_end_puts_the_flags_back(monkeypatch, tmp_path):
+    """A run in a test process (tests/test_gpt.py trains in-process) must not leave TF32 on for the float32 checks
+    that follow (tests/test_nanolap.py's fused == explicit, 1e-3 apart; TF32 puts them 2e-3 apart)."""
+    from conftest import float32_matmuls
+    monkeypatch.setattr(common, "setup_distributed", lambda device: (0, 0, 1, "cuda"))  # the flags need no GPU
+    with float32_matmuls():
+        common.start_processes(str(tmp_path / "run"), False, 1, "cpu")
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        common.teardown_distributed()
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True  # as a run that failed before its end leaves them
+        with float32_matmuls():
+            assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32

@@ -536,6 +536,37 @@ def test_bad_input_messages(tmp_path):
         assert message in err and err.startswith("error: ") and "Traceback" not in err, f"{name}: {err!r}"
         assert len(err.strip().splitlines()) <= 2, f"{name}: one message, not one per process: {err!r}"
 
+def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
+    """Without Fashion-MNIST on disk, the fallback download must fail in one error when the server goes silent (a
+    dropped connection offline), not wait forever. The fake server accepts and never answers; the fake dataset
+    downloads as torchvision does, through urllib without a timeout of its own."""
+    import threading
+    import time
+    import urllib.request
+
+    import torchvision.datasets
+    server = socket.create_server(("127.0.0.1", 0))
+    def accept():  # a connection kept open and silent for 10 s (without a timeout the test fails then, not never)
+        connection, _ = server.accept()
+        time.sleep(10)
+        connection.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+    class SilentFashionMNIST:
+        def __init__(self, root, train=True, download=False):
+            urllib.request.urlopen(f"http://127.0.0.1:{server.getsockname()[1]}/train-images-idx3-ubyte.gz").read()
+
+    monkeypatch.setattr(torchvision.datasets, "FashionMNIST", SilentFashionMNIST)
+    monkeypatch.setattr(images, "DEBIAN_FASHION", str(tmp_path / "no-debian-package"))
+    monkeypatch.setattr(images, "DOWNLOAD_TIMEOUT", 0.5)
+    t0 = time.time()
+    with pytest.raises(common.UsageError, match="download failed .*timed out"):
+        images.load_images("fashion_mnist", str(tmp_path))
+    assert time.time() - t0 < 5 and socket.getdefaulttimeout() is None  # gave up; the process's default is back
+    server.close()
+
+
 # ----------------------------------------------------------------------------- slow: real data, imagefolder
 
 
