@@ -27,8 +27,8 @@ and exit status 2):
             world size is 1, so it exercises NCCL's start-up only, no gradient exchange
   tests     the repository's CUDA-only tests (CUDA_TESTS)
 
-Half precision is bfloat16 from compute capability 8.0 on, float16 below it (a T4, a V100), where train_gpt.py,
-which refuses float16, runs in float32.
+Half precision is bfloat16 from compute capability 8.0 on, float16 with a gradient scaler below it (a T4, a V100),
+as the scripts' --dtype=auto decides.
 
 Time: --deadline seconds for the whole command. Each part gets a share of the time left, by its plan (PLAN), and
 a part that would start after the deadline is a failed row; a command (and every process it started, torchrun's
@@ -415,10 +415,9 @@ def dino_flops_per_image(backbone_config, out_dim=4096, hidden=256, bottleneck=6
 def script_runs(device="cuda", out="out-gpu-check", free_gib=None, capability=None):
     """name -> (script, options, colour images, units per step, unit, training FLOPs per step, data it needs).
     Batches are halved until they fit the GPU's free memory (estimates); below compute capability 8.0 the runs are
-    float16 with a gradient scaler instead of bfloat16, but train_gpt.py's in float32 (it refuses float16)."""
+    float16 with a gradient scaler instead of bfloat16."""
     from data import text
     half = str(half_dtype(capability)).split(".")[1]
-    gpt_dtype = half if half == "bfloat16" else "float32"
     common = [f"--device={device}", "--compile_model=True"]
     vit = make_config("vit-small", n_lap=6, num_classes=10, in_chans=3, img_size=32, patch_size=4, pooling="cls")
     vit_flops = build_model(vit).flops_per_token(65) * 65  # per image: 64 patches + CLS
@@ -428,7 +427,7 @@ def script_runs(device="cuda", out="out-gpu-check", free_gib=None, capability=No
     gpt_flops = build_model(gpt).flops_per_token(1024)  # per token
     dino_flops = dino_flops_per_image(make_config("vit-cpu", n_lap=2, num_classes=0))  # the default backbone: 17 tokens
     b_vit = fitting_batch(512, 0.01, free_gib)
-    b_gpt = fitting_batch(32, 0.9 if gpt_dtype == "bfloat16" else 1.8, free_gib)
+    b_gpt = fitting_batch(32, 0.9, free_gib)
     return {
         "vit cifar10 model": ("train_vit.py", ["config/vit_cifar10.py", "--dataset=synthetic", "--epochs=2",
                               "--warmup_epochs=1", "--val_subset=2048", "--log_interval=10", f"--batch_size={b_vit}",
@@ -437,7 +436,7 @@ def script_runs(device="cuda", out="out-gpu-check", free_gib=None, capability=No
         f"gpt d12 T=1024 B={b_gpt}": ("train_gpt.py", [
             "--preset=gpt-d20", "--n_layer=12", "--n_embd=768", "--n_head=6", "--n_lap=3", "--block_size=1024",
             f"--batch_size={b_gpt}", "--max_iters=60", "--eval_interval=60", "--eval_iters=4", "--log_interval=10",
-            "--max_new_tokens=0", f"--out_dir={out}/gpt", *common, f"--dtype={gpt_dtype}"], 0, b_gpt * 1024, "tok",
+            "--max_new_tokens=0", f"--out_dir={out}/gpt", *common, f"--dtype={half}"], 0, b_gpt * 1024, "tok",
             b_gpt * 1024 * gpt_flops, "shakespeare_char"),
         "dino default 0.1 ep": ("train_dino.py", ["--epochs=0.1", "--eval_train=5000", "--eval_val=2000",
                                 "--probe_steps=100", "--seg_dataset=none", "--log_interval=10", f"--out_dir={out}/dino",
