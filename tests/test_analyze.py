@@ -319,7 +319,18 @@ def test_per_head_change_of_an_exact_diffusion_step():
     assert w["trace_ratio"] == pytest.approx(-1.0) and w["eig_min"] == pytest.approx(-tau) == w["eig_max"]
 
 
-def test_uniform_attention_heads_leave_within_sequence_variance_unchanged():
+def test_head_weights_read_each_query_heads_group_under_grouped_query_attention():
+    """With n_kv_head = 2 of 4 heads, query heads 0, 1 read value head 0 and heads 2, 3 value head 1: head_weights
+    equals that of a model without grouping whose four value heads are those copies."""
+    grouped = randomise(build_model(make_config("vit-tiny", n_kv_head=2)), gain=1.0).blocks[0]
+    full = randomise(build_model(make_config("vit-tiny")), gain=1.0).blocks[0]
+    C, D = 96, 24
+    with torch.no_grad():
+        full.norm1.weight.copy_(grouped.norm1.weight)
+        full.attn.proj.weight.copy_(grouped.attn.proj.weight)
+        full.attn.qkv.weight[2 * C:] = grouped.attn.qkv.weight[-2 * D:].view(2, D, C).repeat_interleave(2, dim=0).reshape(C, C)
+    assert analyze.head_weights(grouped) == analyze.head_weights(full)
+
     """P = 11^T / T: an attention head adds the same vector to every token of a sequence (rho = exact = 0), while a
     Laplacian head subtracts each sequence's mean value and does change it."""
     model = build_model(make_config("vit-tiny", n_lap=[0, 2, 4, 1], graph="uniform", layerscale=0.5)).eval()
