@@ -175,9 +175,10 @@ def test_zero_initialised_projections_make_every_block_a_no_op():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_fused_equals_explicit_in_bf16_and_flash_is_eligible():
+@pytest.mark.parametrize("n_kv_head", [None, 2])  # 2: SDPA's enable_gqa must keep flash eligible
+def test_cuda_fused_equals_explicit_in_bf16_and_flash_is_eligible(n_kv_head):
     torch.manual_seed(0)
-    cfg = make_config("gpt-tiny", n_lap=[0, 4, 2, 1], vocab_size=50, block_size=256)
+    cfg = make_config("gpt-tiny", n_lap=[0, 4, 2, 1], n_kv_head=n_kv_head, vocab_size=50, block_size=256)
     model = randomise(build_model(cfg), std=0.1).cuda().eval()
     idx = torch.randint(0, 50, (2, 256), device="cuda")
     with torch.no_grad():
