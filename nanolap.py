@@ -52,8 +52,7 @@ class MixedHeadAttention(nn.Module):
         self.uniform = config.graph == "uniform"
         self.head_dim = config.n_embd // config.n_head
         kv_dim = self.n_kv_head * self.head_dim
-        # the rows of the fused projection: q, k and v (n_kv_head = n_head: 3 x n_embd); the uniform graph needs v only
-        self.qkv_rows = [kv_dim] if self.uniform else [config.n_embd, kv_dim, kv_dim]
+        self.qkv_rows = [kv_dim] if self.uniform else [config.n_embd, kv_dim, kv_dim]  # q, k, v (the uniform graph: v)
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         use_qk_norm = config.qk_norm and not self.uniform
@@ -178,7 +177,10 @@ class Block(nn.Module):
         self.drop_path = drop_path_rate
 
     def forward(self, x, rope=None, explicit=False, cache=None):
-        x = x + drop_path(self.ls1(self.attn(self.norm1(x), rope, explicit, cache=cache)), self.drop_path, self.training)
+        h = self.norm1(x)
+        # a cache only in generation: an attention module that overrides forward without one still fits the block
+        h = self.attn(h, rope, explicit) if cache is None else self.attn(h, rope, explicit, cache=cache)
+        x = x + drop_path(self.ls1(h), self.drop_path, self.training)
         return x + drop_path(self.ls2(self.mlp(self.norm2(x))), self.drop_path, self.training)
 
 # ---- config and presets -----------------------------------------------------
