@@ -88,7 +88,7 @@ class MixedHeadAttention(nn.Module):
                 vh = torch.cat([cache["v"], vh], dim=2)  # (B, K, S, D)
                 k = k if k is None else torch.cat([cache["k"], k], dim=2)  # (B, K, S, D)
             cache.update(k=k, v=vh)
-        if K < H:  # query head h reads key and value head h // (H / K); V - P V needs the values at the query heads
+        if K < H and self.n_lap:  # query head h reads key and value head h // (H / K); V - P V needs them per query head
             v = v.repeat_interleave(H // K, dim=2)  # (B, T, H, D)
         drop = self.dropout if self.training else 0.0
         if not explicit:  # fast path: P V for every head in one fused call, then V - P V for the Laplacian heads
