@@ -345,7 +345,8 @@ def head_weights(block):
     C = attn.proj.weight.shape[0]
     H = attn.n_head
     D = attn.head_dim
-    w_v = attn.qkv.weight[-C:].double().view(H, D, C)  # the value rows, head by head
+    K = attn.n_kv_head  # grouped-query attention: query head h reads value head h // (H / K)
+    w_v = attn.qkv.weight[-K * D:].double().view(K, D, C).repeat_interleave(H // K, dim=0)  # the value rows, head by head
     w_o = attn.proj.weight.double().view(C, H, D)
     gain = getattr(block.norm1, "weight", None)
     gain = torch.ones(C, dtype=torch.float64) if gain is None else gain.double().cpu()

@@ -132,7 +132,7 @@ def check_resume(ckpt, kind, model_config):
     """--resume continues one run: the checkpoint must hold a `kind` run of the same model. Raises UsageError."""
     if ckpt.get("kind") != kind:
         raise UsageError(f"--resume: the checkpoint holds a {ckpt.get('kind')} run, not a {kind} one; use a new --out_dir")
-    if ckpt["model_config"] != asdict(model_config):
+    if asdict(Config(**ckpt["model_config"])) != asdict(model_config):  # a field added since takes its default
         raise UsageError("--resume: the checkpoint holds a different model; do not change model options on resume, "
                          "or use a new --out_dir")
 

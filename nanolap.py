@@ -38,56 +38,79 @@ def apply_rope(x, cos, sin):  # x: (B, T, H, D), cos/sin: (1, T, 1, D/2)
 
 class MixedHeadAttention(nn.Module):
     """n_head heads; the trailing n_lap of them output (I - P) V instead of P V.
+    n_kv_head < n_head groups the heads (GQA): each group of n_head / n_kv_head query heads shares one key and value
+    head, and a Laplacian head subtracts P V from its own group's values.
     graph='uniform' replaces every head's P by the plain average over the sequence (causal: over positions <= t),
     the mean-mixing baseline: no queries or keys, and (I - P) V is each value minus the sequence's (running) mean."""
     def __init__(self, config, n_lap):
         super().__init__()
         self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head  # None: one per query head
         self.n_lap = n_lap
         self.causal = config.causal
         self.dropout = config.dropout
         self.uniform = config.graph == "uniform"
         self.head_dim = config.n_embd // config.n_head
-        n_qkv = 1 if self.uniform else 3  # the uniform graph needs values only
-        self.qkv = nn.Linear(config.n_embd, n_qkv * config.n_embd, bias=config.bias)
+        kv_dim = self.n_kv_head * self.head_dim
+        self.qkv_rows = [kv_dim] if self.uniform else [config.n_embd, kv_dim, kv_dim]  # q, k, v (the uniform graph: v)
+        self.qkv = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         use_qk_norm = config.qk_norm and not self.uniform
         self.q_norm = make_norm(config, self.head_dim) if use_qk_norm else nn.Identity()
         self.k_norm = make_norm(config, self.head_dim) if use_qk_norm else nn.Identity()
         self.resid_drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, rope=None, explicit=False, return_attn=False):
+    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
         """(B, T, C) -> (B, T, C); return_attn: also P (B, H, T, T), through the explicit path."""
         B, T, C = x.shape
-        y, P = self.heads(x, rope, explicit or return_attn)  # (B, T, H, D)
+        y, P = self.heads(x, rope, explicit or return_attn, cache)  # (B, T, H, D)
         y = self.resid_drop(self.proj(y.reshape(B, T, C)))
         return (y, P) if return_attn else y
 
-    def heads(self, x, rope=None, explicit=False):
-        """Every head's output before the output projection, (B, T, H, D), and P (B, H, T, T) (explicit path; else None)."""
+    def heads(self, x, rope=None, explicit=False, cache=None):
+        """Every head's output before the output projection, (B, T, H, D), and P (B, H, T, T) (explicit path; else None).
+        cache: one layer's dict of a KVCache (generation, fused path): the keys and values of the earlier positions."""
         B, T, C = x.shape
-        H, D = self.n_head, self.head_dim
+        H, K, D = self.n_head, self.n_kv_head, self.head_dim
         A = H - self.n_lap  # A attention heads, then the Laplacian ones
-        if self.uniform:
-            v = self.qkv(x).view(B, T, H, D)
+        if self.uniform:  # values only
+            v = self.qkv(x).view(B, T, K, D)
+            k = None
         else:
-            q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)  # each (B, T, H, D)
+            q, k, v = (t.view(B, T, -1, D) for t in self.qkv(x).split(self.qkv_rows, dim=-1))  # (B, T, H or K, D)
             q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D)
-        vh = v.transpose(1, 2)  # (B, H, T, D)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, K, T, D)
+        vh = v.transpose(1, 2)  # (B, K, T, D)
+        if cache is not None:  # the earlier positions' keys and values first, then this call's; kept for the next call
+            if cache:  # S = the earlier positions + this call's T
+                vh = torch.cat([cache["v"], vh], dim=2)  # (B, K, S, D)
+                k = k if k is None else torch.cat([cache["k"], k], dim=2)  # (B, K, S, D)
+            cache.update(k=k, v=vh)
+        if K < H and self.n_lap:  # query head h reads key and value head h // (H / K); V - P V needs them per query head
+            v = v.repeat_interleave(H // K, dim=2)  # (B, T, H, D)
         drop = self.dropout if self.training else 0.0
         if not explicit:  # fast path: P V for every head in one fused call, then V - P V for the Laplacian heads
-            if self.uniform:  # P V is the (running) mean of the values
-                y = uniform_mean(v, self.causal)  # (B, T, H, D)
+            if self.uniform:  # P V is the (running) mean of the values; this call's T positions are the last rows
+                y = uniform_mean(vh.transpose(1, 2), self.causal)[:, -T:]  # (B, T, K, D)
+                y = y.repeat_interleave(H // K, dim=2) if K < H else y  # (B, T, H, D)
             else:
-                y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=self.causal)  # (B, H, T, D)
+                # a single new query (cached generation) may see every cached position: no mask
+                causal = self.causal and T > 1
+                y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=causal, enable_gqa=K < H)  # (B, H, T, D)
                 y = y.transpose(1, 2)  # (B, T, H, D)
-            if self.n_lap:
+            # under a KV cache, row t of V - P V is v_t - sum_s P_ts v_s: P V reads the cached values as attention does,
+            # and v_t is the new token's own value, computed in this call: a Laplacian head needs nothing more cached
+            if self.n_lap == H:
+                y = v - y  # (B, T, H, D): V - P V, every head Laplacian
+            elif self.n_lap:
                 y = torch.cat([y[:, :, :A], v[:, :, A:] - y[:, :, A:]], dim=2)  # (B, T, H, D): P V, then V - P V
             return y, None
         # explicit path: materialise P, build P or I - P per head, multiply
+        if K < H:  # every query head gets its group's keys and values
+            vh = vh.repeat_interleave(H // K, dim=1)  # (B, H, T, D)
+            k = k if k is None else k.repeat_interleave(H // K, dim=1)  # (B, H, T, D)
         if self.uniform:
             P = uniform_graph(T, self.causal, x.device, x.dtype).expand(B, H, T, T)  # (B, H, T, T)
         else:
@@ -153,8 +176,11 @@ class Block(nn.Module):
         self.ls2 = LayerScale(config.n_embd, config.layerscale) if config.layerscale else nn.Identity()
         self.drop_path = drop_path_rate
 
-    def forward(self, x, rope=None, explicit=False):
-        x = x + drop_path(self.ls1(self.attn(self.norm1(x), rope, explicit)), self.drop_path, self.training)
+    def forward(self, x, rope=None, explicit=False, cache=None):
+        h = self.norm1(x)
+        # a cache only in generation: an attention module that overrides forward without one still fits the block
+        h = self.attn(h, rope, explicit) if cache is None else self.attn(h, rope, explicit, cache=cache)
+        x = x + drop_path(self.ls1(h), self.drop_path, self.training)
         return x + drop_path(self.ls2(self.mlp(self.norm2(x))), self.drop_path, self.training)
 
 # ---- config and presets -----------------------------------------------------
@@ -169,6 +195,7 @@ class Config:
     model: str = "vit"  # 'vit' (image classifier / DINO backbone) or 'gpt' (causal LM)
     n_layer: int = 6
     n_head: int = 4
+    n_kv_head: int | None = None  # key and value heads (grouped-query attention), a divisor of n_head; None = n_head
     n_embd: int = 128
     n_lap: int | list = 0  # Laplacian heads per layer (the trailing ones): int or per-layer list
     causal: bool = False  # GPT: True
@@ -203,6 +230,9 @@ class Config:
         self._check("n_lap", len(self.lap_schedule()) == self.n_layer,
                     f"the per-layer list has {len(self.lap_schedule())} entries but n_layer={self.n_layer}")
         self._check("n_lap", max(self.lap_schedule()) <= self.n_head, f"at most n_head={self.n_head} Laplacian heads per layer")
+        if self.n_kv_head is not None:
+            self._check("n_kv_head", 1 <= self.n_kv_head <= self.n_head, f"must lie in [1, n_head={self.n_head}] (or be None)")
+            self._check("n_kv_head", self.n_head % self.n_kv_head == 0, f"must divide n_head={self.n_head}")
         self._check("drop_path", self.drop_path < 1, "must lie in [0, 1)")
         self._check("dropout", self.dropout < 1, "must lie in [0, 1)")
         if self.pos == "rope":
@@ -220,6 +250,8 @@ class Config:
         """A field's value has the kind of its default: one of CHOICES, n_lap's counts, a bool, an int or a number."""
         if name in CHOICES:
             self._check(name, value in CHOICES[name], f"allowed values are {CHOICES[name]}")
+        elif name == "n_kv_head":
+            self._check(name, value is None or _is_int(value), "must be an int or None (= n_head)")
         elif name == "n_lap":
             counts = value if isinstance(value, list) else [value]
             self._check(name, all(_is_int(k) and k >= 0 for k in counts), "must be a non-negative int or a list of them, one per layer")
@@ -269,11 +301,11 @@ class Trunk(nn.Module):
         self.blocks = nn.ModuleList(Block(config, k, p) for k, p in zip(config.lap_schedule(), dpr))
         self.norm = make_norm(config, config.n_embd)
 
-    def run_blocks(self, x, rope=None, explicit=False, all_layers=False):
+    def run_blocks(self, x, rope=None, explicit=False, all_layers=False, cache=None):
         """Final-normed tokens, or with all_layers the list [after block 1, ..., after block L, final norm]."""
         hidden = []
-        for block in self.blocks:
-            x = block(x, rope, explicit)
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, explicit, None if cache is None else cache.layers[i])
             if all_layers:
                 hidden.append(x)
         return hidden + [self.norm(x)] if all_layers else self.norm(x)
@@ -388,18 +420,21 @@ class GPT(Trunk):
         n = super().num_params()
         return n - self.wte.weight.numel() if exclude_embedding else n
 
-    def embed(self, idx):  # idx (B, T) -> tokens (B, T, d) and the rotary (cos, sin) of T positions
-        T = idx.shape[1]
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
+    def embed(self, idx, start=0):  # idx (B, T) -> tokens (B, T, d) and the rotary (cos, sin) of positions start..start+T-1
+        end = start + idx.shape[1]
+        if end > self.config.block_size:
+            raise ValueError(f"sequence of length {end} is longer than block_size={self.config.block_size}")
         x = F.rms_norm(self.wte(idx), (self.config.n_embd,))
-        return x, (self.cos[:, :T].to(x.dtype), self.sin[:, :T].to(x.dtype))
+        return x, (self.cos[:, start:end].to(x.dtype), self.sin[:, start:end].to(x.dtype))
 
-    def forward_features(self, idx, explicit=False, all_layers=False):
-        return self.run_blocks(*self.embed(idx), explicit, all_layers)
+    def forward_features(self, idx, explicit=False, all_layers=False, cache=None):
+        if cache is not None and (explicit or len(cache) and idx.shape[1] > 1):
+            raise ValueError("a KVCache takes the fused path, one prompt first and then one token per call")
+        x, rope = self.embed(idx, 0 if cache is None else len(cache))  # a cached call's tokens follow the cached ones
+        return self.run_blocks(x, rope, explicit, all_layers, cache)
 
-    def forward(self, idx, targets=None, explicit=False):
-        logits = self.lm_head(self.forward_features(idx, explicit)).float()  # (B, T, vocab)
+    def forward(self, idx, targets=None, explicit=False, cache=None):
+        logits = self.lm_head(self.forward_features(idx, explicit, cache=cache)).float()  # (B, T, vocab)
         if self.config.softcap:
             logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
         return logits if targets is None else (logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1))
@@ -408,15 +443,38 @@ class GPT(Trunk):
         return self.attention_maps(*self.embed(idx), layer)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-        """Sample continuations of idx (B, T) (temperature 0 = greedy); the context is cropped to block_size."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
+        """Sample continuations of idx (B, T) (temperature 0 = greedy). use_cache: prefill a KVCache with the prompt's last
+        block_size tokens, then run one token per step; a full cache is refilled with the last block_size // 2 tokens
+        from position 0 (a sliding window would shift every position at every token and leave no cached key valid; half
+        a window keeps the cache's speed and at least half a window of context). use_cache=False recomputes the context
+        cropped to block_size for every token: the same tokens within block_size, past it a full window, slowly."""
+        block_size = self.config.block_size
+        cache = None
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.config.block_size:])[:, -1, :] / max(temperature, 1e-9)
+            if not use_cache:
+                logits = self(idx[:, -block_size:])
+            elif cache is None or len(cache) == block_size:  # prefill: the prompt, or the last half window
+                window = block_size if cache is None else max(block_size // 2, 1)
+                cache = KVCache(self.config.n_layer)
+                logits = self(idx[:, -window:], cache=cache)
+            else:
+                logits = self(idx[:, -1:], cache=cache)  # the new token alone, at position len(cache)
+            logits = logits[:, -1, :] / max(temperature, 1e-9)
             if top_k:
                 logits = logits.masked_fill(logits < torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]], -math.inf)
             nxt = logits.argmax(-1, keepdim=True) if temperature == 0 else torch.multinomial(logits.softmax(-1), 1, generator=generator)
             idx = torch.cat([idx, nxt], dim=1)
         return idx
+
+class KVCache:
+    """What generation keeps of the positions seen so far: each layer's keys and values (B, n_kv_head, t, D), RoPE
+    applied; a Laplacian head needs no more, since its subtracted value is the new token's own (see heads)."""
+    def __init__(self, n_layer):
+        self.layers = [{} for _ in range(n_layer)]  # one dict per layer, filled by MixedHeadAttention.heads
+
+    def __len__(self):  # positions cached: the next token's position
+        return self.layers[0]["v"].shape[2] if self.layers[0] else 0
 
 # ---- DINO head --------------------------------------------------------------
 class DINOHead(nn.Module):

@@ -64,6 +64,7 @@ total_batch_size = 0  # tokens per optimiser step over all processes (gradient a
 preset = "gpt-tiny"  # gpt-tiny (the CPU model), gpt-small, gpt-d20 (the paper's 561M model)
 n_layer = None  # None = the preset's depth
 n_head = None  # None = the preset's head count
+n_kv_head = None  # key/value heads, a divisor of n_head shared by its query heads (grouped-query attention); None = n_head
 n_embd = None  # None = the preset's width (a multiple of n_head)
 n_lap = 2  # Laplacian heads per layer (the trailing ones), or a list with one count per layer
 dropout = 0.0  # attention and residual dropout; short runs do not overfit, so 0
@@ -148,7 +149,8 @@ class Muon(torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton-Schulz (Jordan et al. 2024), for 2-D weight matrices: SGD with
     Nesterov momentum whose update is orthogonalised, scaled by sqrt(max(1, rows / cols)). The same
     update as torch.optim.Muon, which however always orthogonalises in bfloat16. A group with blocks=n
-    holds matrices of n stacked blocks (the fused qkv: q, k, v), each updated as a matrix of its own."""
+    holds matrices of n stacked blocks of equal height, blocks=[rows, ...] of blocks of these heights (the fused
+    qkv: q, k, v; k and v are shorter with grouped-query attention), each updated as a matrix of its own."""
 
     def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, ns_steps=5, blocks=1, ns_dtype=torch.float32):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps, blocks=blocks))
@@ -168,10 +170,12 @@ class Muon(torch.optim.Optimizer):
             buf.lerp_(p.grad, 1 - group["momentum"])
             if i % world != rank:
                 continue
-            g = p.grad.lerp(buf, group["momentum"]).view(group["blocks"], -1, p.size(1))  # Nesterov, (blocks, rows, cols)
+            g = p.grad.lerp(buf, group["momentum"])  # Nesterov
+            rows = group["blocks"] if isinstance(group["blocks"], list) else p.size(0) // group["blocks"]
             p.mul_(1 - group["lr"] * group["weight_decay"])
-            update = orthogonalize(g, group["ns_steps"], dtype=self.ns_dtype).view_as(p)
-            p.add_(update, alpha=-group["lr"] * max(1.0, g.size(1) / g.size(2)) ** 0.5)
+            for block, update in zip(p.split(rows), g.split(rows)):  # views of p: each block moves on its own
+                scale = max(1.0, update.size(0) / update.size(1)) ** 0.5
+                block.add_(orthogonalize(update, group["ns_steps"], dtype=self.ns_dtype), alpha=-group["lr"] * scale)
         if world > 1:
             handles = [dist.broadcast(p, src=i % world, async_op=True) for i, (_, p) in enumerate(params)]
             for handle in handles:
@@ -188,7 +192,7 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         groups = [dict(params=list(model.parameters()), lr=lr, weight_decay=weight_decay)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, fused=on_cuda)]
     else:
-        # q, k and v as three matrices, as nanochat's c_q, c_k, c_v (the uniform graph: v alone)
+        # q, k and v as three matrices, as nanochat's c_q, c_k, c_v (the uniform graph: v alone); qkv_rows: their heights
         qkv = [block.attn.qkv.weight for block in model.blocks]
         matrices = [p for n, p in model.blocks.named_parameters() if p.ndim == 2 and not n.endswith("qkv.weight")]
         embedding, head = [model.wte.weight], [model.lm_head.weight]
@@ -196,7 +200,7 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         scale = (model.config.n_embd / 768) ** -0.5
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
-                      Muon([dict(params=matrices), dict(params=qkv, blocks=len(qkv[0]) // model.config.n_embd)],
+                      Muon([dict(params=matrices), dict(params=qkv, blocks=model.blocks[0].attn.qkv_rows)],
                            lr=matrix_lr, weight_decay=weight_decay,
                            ns_dtype=torch.bfloat16 if auto == torch.bfloat16 else torch.float32)]
     for optimizer in optimizers:

@@ -342,6 +342,19 @@ def test_the_heads_figure_puts_first_order_beside_first_order(tmp_path, monkeypa
     assert figure_texts["heads.png"]["labels"][1][1].startswith("first-order change")
 
 
+def test_head_weights_read_each_query_heads_group_under_grouped_query_attention():
+    """With n_kv_head = 2 of 4 heads, query heads 0, 1 read value head 0 and heads 2, 3 value head 1: head_weights
+    equals that of a model without grouping whose four value heads are those copies."""
+    grouped = randomise(build_model(make_config("vit-tiny", n_kv_head=2)), gain=1.0).blocks[0]
+    full = randomise(build_model(make_config("vit-tiny")), gain=1.0).blocks[0]
+    C, D = 96, 24
+    with torch.no_grad():
+        full.norm1.weight.copy_(grouped.norm1.weight)
+        full.attn.proj.weight.copy_(grouped.attn.proj.weight)
+        full.attn.qkv.weight[2 * C:] = grouped.attn.qkv.weight[-2 * D:].view(2, D, C).repeat_interleave(2, dim=0).reshape(C, C)
+    assert analyze.head_weights(grouped) == analyze.head_weights(full)
+
+
 def test_uniform_attention_heads_leave_within_sequence_variance_unchanged():
     """P = 11^T / T: an attention head adds the same vector to every token of a sequence (rho = exact = 0), while a
     Laplacian head subtracts each sequence's mean value and does change it."""

@@ -303,8 +303,22 @@ def test_muon_updates_q_k_and_v_of_the_fused_qkv_as_three_matrices():
     assert (one - fused).abs().max() > 0.1 * (fused - w).abs().max()  # the single matrix moves differently
     model = build_model(make_config("gpt-tiny", n_layer=2, vocab_size=50))
     muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95))[1]
-    qkv = [g for g in muon.param_groups if g["blocks"] == 3]
+    qkv = [g for g in muon.param_groups if g["blocks"] == [128, 128, 128]]
     assert len(qkv) == 1 and qkv[0]["params"] == [b.attn.qkv.weight for b in model.blocks]
+    # grouped-query attention: k and v are shorter than q, and still move as matrices of their own
+    w = torch.randn(2 * d, d)
+    fused, parts = torch.nn.Parameter(w.clone()), [torch.nn.Parameter(b.clone()) for b in w.split([d, d // 2, d // 2])]
+    opts = [train_gpt.Muon([dict(params=[fused], blocks=[d, d // 2, d // 2])], lr=0.02), train_gpt.Muon(parts, lr=0.02)]
+    g = torch.randn(2 * d, d)
+    fused.grad = g.clone()
+    for part, grad in zip(parts, g.split([d, d // 2, d // 2])):
+        part.grad = grad.clone()
+    for opt in opts:
+        opt.step()
+    torch.testing.assert_close(fused.data, torch.cat([p.data for p in parts]), atol=1e-6, rtol=0)
+    model = build_model(make_config("gpt-tiny", n_layer=2, n_kv_head=2, vocab_size=50))
+    muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95))[1]
+    assert muon.param_groups[1]["blocks"] == [128, 64, 64]
 
 
 def test_optimizer_groups_and_schedules():
@@ -374,6 +388,7 @@ def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
     (["--dataset=wiki"], "known datasets: shakespeare_char, shakespeare, fineweb_edu"),
     (["--n_lap=[1,2]"], "the per-layer list has 2 entries but n_layer=4"),
     (["--n_lap=5"], "at most n_head=4 Laplacian heads per layer"),
+    (["--n_kv_head=3"], "Config.n_kv_head=3: must divide n_head=4"),
     (["--preset=vit-tiny"], "--preset='vit-tiny': choose one of ['gpt-d20', 'gpt-small', 'gpt-tiny']"),
     (["--optimizer_name=sgd"], "--optimizer_name='sgd': choose one of muon, adamw"),
     (["--optimizer=adamw"], "unknown option --optimizer"),  # the old name of --optimizer_name
@@ -391,6 +406,15 @@ def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
 def test_bad_input_messages(args, message, data_dir, tmp_path):
     with pytest.raises((UsageError, FileNotFoundError), match=re.escape(message)):  # one line `error: ...` in a shell
         train([f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={tmp_path}", "--device=cpu", "--cpu_procs=1"] + args)
+
+
+def test_resume_accepts_a_checkpoint_written_before_n_kv_head():
+    """A checkpoint's model_config without a field added since (n_kv_head) means that field's default."""
+    cfg = make_config("gpt-tiny", vocab_size=50)
+    older = {k: v for k, v in asdict(cfg).items() if k != "n_kv_head"}
+    common.check_resume(dict(kind="gpt", model_config=older), "gpt", cfg)
+    with pytest.raises(UsageError, match="the checkpoint holds a different model"):
+        common.check_resume(dict(kind="gpt", model_config=older), "gpt", make_config("gpt-tiny", vocab_size=50, n_kv_head=2))
 
 # -----------------------------------------------------------------------------
 # slow tier: resume, processes, checkpoints, subprocess errors, the prepare commands
@@ -486,6 +510,7 @@ print("after teardown")
 @pytest.mark.parametrize("args, message", [
     (["--data_dir=/nonexistent"], "prepare it first: python data/shakespeare_char/prepare.py"),
     (["--n_lap=5"], "at most n_head=4 Laplacian heads per layer"),
+    (["--n_kv_head=3"], "Config.n_kv_head=3: must divide n_head=4"),
     (["--max_iters=ten"], "--max_iters='ten' has type str, expected int"),
     (["--learning_rate=0.1"], "unknown option --learning_rate"),
     (["--max_iters=0"], "--max_iters=0: must be at least 1"),

@@ -93,6 +93,11 @@ def test_invalid_vit_configs_raise_clear_errors(overrides, message):
     (dict(n_embd=132, n_head=4), "even head size"),  # head size 33
     (dict(vocab_size=0), "vocab_size"),
     (dict(causal=False), "must be causal"),
+    (dict(n_kv_head=3), "Config.n_kv_head=3: must divide n_head=4"),
+    (dict(n_kv_head=0), "Config.n_kv_head=0: must lie in [1, n_head=4]"),
+    (dict(n_kv_head=-2), "must lie in [1, n_head=4]"),
+    (dict(n_kv_head=8), "must lie in [1, n_head=4]"),
+    (dict(n_kv_head=2.0), "must be an int or None"),
 ])
 def test_invalid_gpt_configs_raise_clear_errors(overrides, message):
     with pytest.raises(ValueError) as err:

@@ -54,15 +54,19 @@ def test_laplacian_head_ignores_a_shared_value_component():
 
 
 def reference_attention(attn, x, rope=None):
-    """(I - P) V for Laplacian heads and P V for attention heads, written out from the module's weights."""
+    """(I - P) V for Laplacian heads and P V for attention heads, written out from the module's weights, head by head.
+    The weight's rows are q (n_head heads), then k and v (n_kv_head heads each); query head h reads key and value head
+    h // (n_head / n_kv_head) (grouped-query attention; n_kv_head = n_head: its own)."""
     B, T, C = x.shape
-    H, D = attn.n_head, attn.head_dim
+    H, K, D = attn.n_head, attn.n_kv_head, attn.head_dim
     W, b = attn.qkv.weight, attn.qkv.bias
     qkv = x @ W.T + (b if b is not None else 0)
-    q, k, v = qkv.split(C, dim=-1)
+    q, k, v = qkv[..., :C], qkv[..., C:C + K * D], qkv[..., C + K * D:]
+    assert v.shape[-1] == K * D
     heads = []
     for h in range(H):
-        qh, kh, vh = (t[..., h * D:(h + 1) * D] for t in (q, k, v))
+        g = h // (H // K)  # the query head's group
+        qh, kh, vh = q[..., h * D:(h + 1) * D], k[..., g * D:(g + 1) * D], v[..., g * D:(g + 1) * D]
         qh, kh = attn.q_norm(qh), attn.k_norm(kh)
         if rope is not None:
             qh, kh = nanolap.apply_rope(qh[:, :, None], *rope)[:, :, 0], nanolap.apply_rope(kh[:, :, None], *rope)[:, :, 0]
@@ -76,12 +80,15 @@ def reference_attention(attn, x, rope=None):
     return y @ attn.proj.weight.T + (attn.proj.bias if attn.proj.bias is not None else 0)
 
 
+@pytest.mark.parametrize("n_kv_head", [None, 2, 1])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_lap", [0, 1, 3, 4])
-def test_fused_equals_explicit_reference(causal, n_lap):
+def test_fused_equals_explicit_reference(causal, n_lap, n_kv_head):
+    """The fused path, the explicit one and the head-by-head reference agree, with grouped-query attention too
+    (n_kv_head 2 and 1: pairs of query heads share a key and value head, or all four share one)."""
     torch.manual_seed(0)
     preset = "gpt-tiny" if causal else "vit-tiny"
-    cfg = make_config(preset, n_lap=n_lap, n_layer=1, **({"vocab_size": 10} if causal else {}))
+    cfg = make_config(preset, n_lap=n_lap, n_layer=1, n_kv_head=n_kv_head, **({"vocab_size": 10} if causal else {}))
     attn = randomise(MixedHeadAttention(cfg, n_lap), std=0.3).eval()
     x = torch.randn(2, 17, cfg.n_embd)
     expected = reference_attention(attn, x)
@@ -89,13 +96,16 @@ def test_fused_equals_explicit_reference(causal, n_lap):
     torch.testing.assert_close(attn(x, explicit=True), expected, atol=2e-5, rtol=1e-4)
 
 
-def test_fused_equals_reference_with_rope():
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_fused_equals_reference_with_rope(n_kv_head):
     torch.manual_seed(0)
-    model = randomise(build_model(make_config("gpt-tiny", n_lap=2, vocab_size=10)), std=0.3)
+    model = randomise(build_model(make_config("gpt-tiny", n_lap=2, n_kv_head=n_kv_head, vocab_size=10)), std=0.3)
     attn, T = model.blocks[0].attn, 12
     rope = (model.cos[:, :T], model.sin[:, :T])
     x = torch.randn(2, T, model.config.n_embd)
-    torch.testing.assert_close(attn(x, rope), reference_attention(attn, x, rope), atol=2e-5, rtol=1e-4)
+    expected = reference_attention(attn, x, rope)
+    torch.testing.assert_close(attn(x, rope), expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(attn(x, rope, explicit=True), expected, atol=2e-5, rtol=1e-4)
 
 
 def test_causal_first_position_is_zero_and_future_never_leaks():
@@ -115,10 +125,11 @@ def test_causal_first_position_is_zero_and_future_never_leaks():
     torch.testing.assert_close(model(idx)[:, :20], model(idx2)[:, :20], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("n_kv_head", [None, 2])
 @pytest.mark.parametrize("kind", ["vit", "gpt"])
-def test_whole_model_fused_equals_explicit_mixed_schedule(kind):
+def test_whole_model_fused_equals_explicit_mixed_schedule(kind, n_kv_head):
     torch.manual_seed(0)
-    cfg = make_config(f"{kind}-tiny", n_lap=[4, 0, 2, 1], **({"vocab_size": 50} if kind == "gpt" else {}))
+    cfg = make_config(f"{kind}-tiny", n_lap=[4, 0, 2, 1], n_kv_head=n_kv_head, **({"vocab_size": 50} if kind == "gpt" else {}))
     model = randomise(build_model(cfg), std=0.1).eval()
     x = torch.randint(0, 50, (2, 40)) if kind == "gpt" else torch.randn(2, 1, 28, 28)
     with torch.no_grad():
@@ -164,9 +175,10 @@ def test_zero_initialised_projections_make_every_block_a_no_op():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_fused_equals_explicit_and_the_fast_kernel_is_eligible():
+@pytest.mark.parametrize("n_kv_head", [None, 2])  # 2: SDPA's enable_gqa must keep the fast kernel eligible
+def test_cuda_fused_equals_explicit_and_the_fast_kernel_is_eligible(n_kv_head):
     torch.manual_seed(0)
-    cfg = make_config("gpt-tiny", n_lap=[0, 4, 2, 1], vocab_size=50, block_size=256)
+    cfg = make_config("gpt-tiny", n_lap=[0, 4, 2, 1], n_kv_head=n_kv_head, vocab_size=50, block_size=256)
     model = randomise(build_model(cfg), std=0.1).cuda().eval()
     idx = torch.randint(0, 50, (2, 256), device="cuda")
     with torch.no_grad():
@@ -186,15 +198,19 @@ def test_cuda_fused_equals_explicit_and_the_fast_kernel_is_eligible():
 
 # the uniform graph: the mean-mixing baseline (P = 11^T / T, causally the running mean)
 
+@pytest.mark.parametrize("n_kv_head", [None, 2])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_lap", [0, 2, 4])
-def test_uniform_graph_fused_equals_explicit_and_mixes_by_the_mean(causal, n_lap):
+def test_uniform_graph_fused_equals_explicit_and_mixes_by_the_mean(causal, n_lap, n_kv_head):
     torch.manual_seed(0)
     preset = "gpt-tiny" if causal else "vit-tiny"
-    cfg = make_config(preset, n_lap=n_lap, n_layer=1, graph="uniform", **({"vocab_size": 10} if causal else {}))
+    cfg = make_config(preset, n_lap=n_lap, n_layer=1, graph="uniform", n_kv_head=n_kv_head,
+                      **({"vocab_size": 10} if causal else {}))
     attn = randomise(MixedHeadAttention(cfg, n_lap), std=0.3).eval()
     x = torch.randn(2, 9, cfg.n_embd)
-    v = (x @ attn.qkv.weight.T + (attn.qkv.bias if attn.qkv.bias is not None else 0)).view(2, 9, cfg.n_head, -1)
+    K = n_kv_head or cfg.n_head
+    v = (x @ attn.qkv.weight.T + (attn.qkv.bias if attn.qkv.bias is not None else 0)).view(2, 9, K, -1)
+    v = v.repeat_interleave(cfg.n_head // K, dim=2)  # each query head's group's values
     count = torch.arange(1, 10).view(1, 9, 1, 1)
     mean = v.cumsum(1) / count if causal else v.mean(1, keepdim=True).expand_as(v)  # written out: P V
     expected = torch.cat([mean[:, :, :cfg.n_head - n_lap], (v - mean)[:, :, cfg.n_head - n_lap:]], dim=2)
@@ -215,3 +231,108 @@ def test_uniform_graph_has_no_queries_or_keys_and_is_refused_where_it_cannot_app
         make_config("gpt-tiny", graph="uniform", dropout=0.1)
     with pytest.raises(ValueError, match=r"graph='mean': allowed values are \('attention', 'uniform'\)"):
         make_config("vit-tiny", graph="mean")
+
+
+# grouped-query attention and the KV cache
+
+def tiny_gpt(n_lap, n_kv_head=None, block_size=24, **overrides):
+    """A 2-layer GPT whose every weight has a value (a fresh GPT's zero projections would hide every error)."""
+    cfg = make_config("gpt-tiny", n_layer=2, n_lap=n_lap, n_kv_head=n_kv_head, vocab_size=50, block_size=block_size,
+                      **overrides)
+    return randomise(build_model(cfg), std=0.1).eval()  # logits of a few units: float32 rounding stays near 1e-6
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+@pytest.mark.parametrize("n_lap", [0, 2, 4])
+def test_cached_generation_equals_full_recomputation(n_lap, n_kv_head):
+    """Within block_size a KV cache changes nothing: the logits of every new token, fed alone at its position, equal
+    the full recomputation's within 1e-5, and generate samples the same tokens with the cache as without it."""
+    torch.manual_seed(0)
+    model = tiny_gpt(n_lap, n_kv_head)
+    idx = torch.randint(0, 50, (2, 24))
+    with torch.no_grad():
+        full = model(idx)  # (B, 24, vocab): each position sees the ones before it
+        cache = nanolap.KVCache(model.config.n_layer)
+        steps = [model(idx[:, :5], cache=cache)]  # the prompt: 5 positions
+        for t in range(5, 24):
+            steps.append(model(idx[:, t:t + 1], cache=cache))  # one token, at position t
+    assert len(cache) == 24
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    prompt = idx[:, :5]
+    cached = model.generate(prompt, 19, top_k=10, generator=torch.Generator().manual_seed(1))
+    recomputed = model.generate(prompt, 19, top_k=10, generator=torch.Generator().manual_seed(1), use_cache=False)
+    assert cached.shape == (2, 24) and torch.equal(cached, recomputed)
+
+
+@pytest.mark.parametrize("graph", ["attention", "uniform"])
+def test_cached_generation_past_block_size_refills_the_last_half_window(graph):
+    """A full cache is refilled with the last block_size // 2 tokens from position 0, as the docstring says: greedy
+    generation past block_size equals recomputing exactly those contexts (the uniform graph's running mean too)."""
+    torch.manual_seed(0)
+    model = tiny_gpt([4, 2], 2, block_size=8, graph=graph)
+    idx = torch.randint(0, 50, (1, 3))
+    out = model.generate(idx, 20, temperature=0)
+    start = 0  # where the context of the next token begins
+    with torch.no_grad():
+        for n in range(3, 23):
+            if n - start > 8:  # the cache is full: keep the last half window
+                start = n - 4
+            assert model(out[:, start:n])[0, -1].argmax() == out[0, n]
+    assert not torch.equal(out, model.generate(idx, 20, temperature=0, use_cache=False))  # another context: a full window
+    with pytest.raises(ValueError, match="one prompt first and then one token per call"):
+        cache = nanolap.KVCache(2)
+        model(idx, cache=cache)
+        model(idx, cache=cache)
+
+
+def todays_heads(attn, x, rope=None, explicit=False, cache=None):
+    """MixedHeadAttention.heads' fused path as it was before grouped-query attention: one (3 x n_embd) qkv viewed as
+    q, k, v of n_head heads each, and V - P V pasted to the attention heads' slice (empty when every head is Laplacian)."""
+    B, T, C = x.shape
+    H, D = attn.n_head, attn.head_dim
+    A = H - attn.n_lap
+    q, k, v = attn.qkv(x).view(B, T, 3, H, D).unbind(2)  # each (B, T, H, D)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if rope is not None:
+        q, k = nanolap.apply_rope(q, *rope), nanolap.apply_rope(k, *rope)
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=attn.causal)
+    y = y.transpose(1, 2)  # (B, T, H, D)
+    if attn.n_lap:
+        y = torch.cat([y[:, :, :A], v[:, :, A:] - y[:, :, A:]], dim=2)
+    return y, None
+
+
+@pytest.mark.parametrize("n_lap", [0, 2, 4, [4, 0, 2, 1]])
+def test_n_kv_head_equal_to_n_head_is_todays_model_bit_for_bit(n_lap, monkeypatch):
+    """n_kv_head = n_head (or None, the default) builds today's model: the same parameter names, shapes and initial
+    values at a seed, the same count as before grouped-query attention (pinned), and logits and gradients equal to the
+    last bit to those of the fused path as it was (todays_heads)."""
+    models = []
+    for n_kv_head in (None, 4):
+        torch.manual_seed(0)
+        models.append(build_model(make_config("gpt-tiny", n_lap=n_lap, n_kv_head=n_kv_head, vocab_size=65)))
+    (a, b) = [m.state_dict() for m in models]
+    assert list(a) == list(b) and all(torch.equal(a[key], b[key]) for key in a)
+    assert a["blocks.0.attn.qkv.weight"].shape == (3 * 128, 128) and models[0].num_params() == 803072
+    model = randomise(models[1], std=0.2)
+    idx = torch.randint(0, 65, (2, 40), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for heads in (nanolap.MixedHeadAttention.heads, todays_heads):
+        monkeypatch.setattr(nanolap.MixedHeadAttention, "heads", heads)
+        model.zero_grad()
+        logits, loss = model(idx, idx)
+        loss.backward()
+        runs.append([logits] + [p.grad for p in model.parameters()])
+    assert all(torch.equal(new, old) for new, old in zip(*runs))
+
+
+@pytest.mark.parametrize("preset", ["gpt-tiny", "gpt-d20", "vit-b"])
+def test_grouped_query_attention_shrinks_k_and_v(preset):
+    """k and v project to n_kv_head heads: each layer saves 2 x (n_head - n_kv_head) x head_dim x n_embd weights."""
+    with torch.device("meta"):
+        H = nanolap.PRESETS[preset]["n_head"]
+        full, grouped = (build_model(make_config(preset, n_kv_head=k)) for k in (None, H // 2))
+        c = full.config
+        assert grouped.blocks[0].attn.qkv.out_features == c.n_embd + 2 * (H // 2) * (c.n_embd // H)
+        saved = c.n_layer * 2 * (H - H // 2) * (c.n_embd // H) * (c.n_embd + c.bias)
+        assert full.num_params() - grouped.num_params() == saved
