@@ -422,10 +422,10 @@ def test_resume_accepts_a_checkpoint_written_before_n_kv_head():
 
 @pytest.mark.slow
 def test_stop_at_step_and_resume_equal_the_uninterrupted_run(data_dir, tmp_path, capsys):
-    common = TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=8", "--eval_interval=4",
-                     "--dropout=0.1", "--warmup_iters=2"]  # dropout: the random state must resume too
-    train(common + [f"--out_dir={tmp_path / 'full'}"])
-    train(common + [f"--out_dir={tmp_path / 'split'}", "--stop_at_step=3"])  # between two evaluations
+    options = TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=8", "--eval_interval=4",
+                      "--dropout=0.1", "--warmup_iters=2"]  # dropout: the random state must resume too
+    train(options + [f"--out_dir={tmp_path / 'full'}"])
+    train(options + [f"--out_dir={tmp_path / 'split'}", "--stop_at_step=3"])  # between two evaluations
     out = capsys.readouterr().out
     assert "stopped at step 3 (--stop_at_step); continue with --resume" in out
     assert load_checkpoint(str(tmp_path / "split" / "ckpt.pt"))["step"] == 3
