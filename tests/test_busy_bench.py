@@ -58,6 +58,7 @@ def test_progress_lines_of_each_script_are_parsed():
     assert busy_bench.parse_speed(GPT.format(25, "1,234")) == 1234.0  # a single line is all there is
 
 
+@pytest.mark.slow  # six seconds of subprocesses
 def test_two_trees_interleaved_with_a_busy_loop(tmp_path):
     new, old = fake_tree(tmp_path / "new", 2), fake_tree(tmp_path / "old", 1)
     out = tmp_path / "out"

@@ -350,7 +350,8 @@ def test_help_lists_every_option_with_its_comment(capsys):
     assert len(options) > 40 and all("  # " in line for line in options), [l for l in options if "  # " not in l]
 
 
-@pytest.mark.parametrize("optimizer_name", ["muon", pytest.param("adamw", marks=pytest.mark.slow)])
+@pytest.mark.slow  # seven seconds each: the fast tier's tiny training covers the script, test_nanolap the graph's math
+@pytest.mark.parametrize("optimizer_name", ["muon", "adamw"])
 def test_the_uniform_graph_trains(data_dir, tmp_path, optimizer_name):
     """--graph=uniform (values only: Muon's fused qkv group holds one block, not three) trains with either optimiser."""
     done = run(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2", "--n_lap=[0,2]", "--graph=uniform",
