@@ -445,8 +445,8 @@ class GPT(Trunk):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
         """Sample continuations of idx (B, T) (temperature 0 = greedy). use_cache: prefill a KVCache with the prompt's last
-        block_size tokens, then run one token per step; a full cache is refilled with the last block_size // 2 tokens
-        from position 0 (a sliding window would shift every position at every token and leave no cached key valid; half
+        block_size tokens, then run one token per step; a full cache is refilled with the last block_size // 2 tokens,
+        placed at position 0 (a sliding window would shift every position at every token and leave no cached key valid; half
         a window keeps the cache's speed and at least half a window of context). use_cache=False recomputes the context
         cropped to block_size for every token: the same tokens within block_size, past it a full window, slowly."""
         block_size = self.config.block_size
