@@ -344,11 +344,7 @@ def exact_change_lines(groups):
         for part, label in (("attention", "attention sublayer"), ("mlp", "MLP"), ("block_total", "block")):
             rows[label] = [[layer[part]["exact"] for layer in h["layers"]] for h in g["heads"]]
         for label, per_run in rows.items():
-            per_block = [_mean_std([r[l] for r in per_run if l < len(r) and r[l] is not None]) for l in range(n_blocks)]
-            if any(s["mean"] is not None for s in per_block):
-                cells = ["n/a" if s["mean"] is None else f"{s['mean']:+.4f}" + (f" ± {s['std']:.4f}" if s["n"] > 1 else "")
-                         for s in per_block]
-                lines.append(f"| {g['n_lap']} | {label} | " + " | ".join(cells) + " |")
+            lines += block_row(g["n_lap"], label, per_run, n_blocks)
     return lines
 
 def paired_parts_lines(g0, g1):
@@ -405,12 +401,17 @@ def group_heads_lines(groups):  # summary.md: per n_lap and block, the mean rho 
              "| n_lap | heads | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |", "|---" * (n_blocks + 2) + "|"]
     for g in groups:
         for kind in ("laplacian", "attention"):
-            per_block = [_mean_std([m[kind][l] for m in g["head_means"] if l < len(m[kind])]) for l in range(n_blocks)]
-            if any(s["mean"] is not None for s in per_block):
-                cells = ["n/a" if s["mean"] is None else f"{s['mean']:+.4f}" + (f" ± {s['std']:.4f}" if s["n"] > 1 else "")
-                         for s in per_block]
-                lines.append(f"| {g['n_lap']} | {kind} | " + " | ".join(cells) + " |")
+            lines += block_row(g["n_lap"], kind, [m[kind] for m in g["head_means"]], n_blocks)
     return lines
+
+def block_row(n_lap, label, per_run, n_blocks):
+    """summary.md: one row of a per-block table, mean ± std over the runs' per-block values (None: none), or no row."""
+    per_block = [_mean_std([r[l] for r in per_run if l < len(r)]) for l in range(n_blocks)]
+    if all(s["mean"] is None for s in per_block):
+        return []
+    cells = ["n/a" if s["mean"] is None else f"{s['mean']:+.4f}" + (f" ± {s['std']:.4f}" if s["n"] > 1 else "")
+             for s in per_block]
+    return [f"| {n_lap} | {label} | " + " | ".join(cells) + " |"]
 
 def _read_json(folder, name):  # folder/name as JSON, None without the file
     path = os.path.join(folder, name)
