@@ -17,7 +17,7 @@ Convention (the first author's code): the trailing `n_lap` heads of a layer, an 
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -25,6 +25,107 @@ import torch.nn.functional as F
 
 
 # ---- mixed-head attention: the idea -----------------------------------------
+class MixedHeadAttention(nn.Module):
+    """n_head heads: the first n_head - n_lap output P V (attention heads), the trailing n_lap (I - P) V (Laplacian)."""
+    queries = True  # queries and keys (the uniform graph's subclass has neither)
+
+    def __init__(self, config, n_lap):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head  # key and value heads; fewer: grouped-query attention
+        self.n_lap = n_lap
+        self.causal = config.causal
+        self.dropout = config.dropout
+        self.head_dim = config.n_embd // config.n_head
+        kv_dim = self.n_kv_head * self.head_dim
+        self.qkv_rows = [config.n_embd, kv_dim, kv_dim] if self.queries else [kv_dim]  # the heights of q, k and v in qkv
+        self.qkv = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm and self.queries else nn.Identity()
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm and self.queries else nn.Identity()
+        self.resid_drop = nn.Dropout(config.dropout)
+
+    def project(self, x, rope=None):
+        """Queries (B, H, T, D) and keys (B, K, T, D), normalised and rotated, and values (B, T, K, D)."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
+        q = self.q_norm(q.view(B, T, self.n_head, self.head_dim))  # (B, T, H, D)
+        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim))  # (B, T, K, D)
+        v = v.view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q.transpose(1, 2), k.transpose(1, 2), v
+
+    def heads(self, x, rope=None, explicit=False, cache=None):
+        """Every head's output before the output projection (B, T, H, D), and P (the explicit path; else None)."""
+        q, k, v = self.project(x, rope)
+        vh = v.transpose(1, 2)  # (B, K, T, D)
+        if cache is not None:
+            k, vh = extend_cache(cache, k, vh)  # (B, K, S, D): the S - T cached positions, then this call's T
+        if explicit:
+            return self.explicit_heads(q, k, vh)
+        # P V for every head in one fused call (FlashAttention on a GPU: the T x T matrix P never exists); one new token
+        # of cached generation sees every cached position, so no mask
+        drop = self.dropout if self.training else 0.0  # drops entries of P: in training (I - P) 1 = 0 holds on average only
+        y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=self.causal and q.shape[2] > 1,
+                                           enable_gqa=self.n_kv_head < self.n_head)  # (B, H, T, D)
+        y = y.transpose(1, 2)  # (B, T, H, D)
+        # V - P V for the trailing n_lap heads. Under a KV cache row t is v_t - sum_s P_ts v_s, and v_t is the new
+        # token's own value, computed in this call: a Laplacian head needs nothing cached beyond an attention head
+        if self.n_lap:
+            v = expand_kv(v, self.n_head, dim=2)  # (B, T, H, D): each query head's values
+        if self.n_lap == self.n_head:
+            y = v - y  # (B, T, H, D): V - P V, every head Laplacian
+        elif self.n_lap:
+            A = self.n_head - self.n_lap  # attention heads first, then the Laplacian ones
+            y = torch.cat([y[:, :, :A], v[:, :, A:] - y[:, :, A:]], dim=2)  # (B, T, H, D): P V, then V - P V
+        return y, None
+
+    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
+        """(B, T, C) -> (B, T, C); return_attn: also P (B, H, T, T), through the explicit path."""
+        y, P = self.heads(x, rope, explicit or return_attn, cache)  # (B, T, H, D)
+        y = self.resid_drop(self.proj(y.flatten(2)))  # (B, T, C)
+        return (y, P) if return_attn else y
+
+    def explicit_heads(self, q, k, vh):
+        """(y, P): the same heads with every P materialised (B, H, T, T), for teaching, analysis and the tests."""
+        H = self.n_head
+        k, vh = expand_kv(k, H, dim=1), expand_kv(vh, H, dim=1)  # (B, H, T, D)
+        att = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5  # (B, H, T, T)
+        T = att.shape[-1]
+        if self.causal:  # no token sees the future
+            att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=att.device).triu(1), float("-inf"))
+        P = F.dropout(att.softmax(dim=-1), self.dropout, self.training)
+        is_lap = (torch.arange(H, device=P.device) >= H - self.n_lap).view(1, H, 1, 1)
+        eye = torch.eye(T, device=P.device, dtype=P.dtype)
+        y = (torch.where(is_lap, eye - P, P) @ vh).transpose(1, 2)  # (B, T, H, D)
+        return y, P
+
+def expand_kv(t, n_head, dim):
+    """Grouped-query attention: each of t's K key or value heads (along dim) serves n_head / K query heads in a row."""
+    K = t.shape[dim]
+    return t if K == n_head else t.repeat_interleave(n_head // K, dim=dim)
+
+def extend_cache(cache, k, vh):
+    """Generation: one layer's cached keys and values (B, K, t, D) of the earlier positions, then this call's."""
+    if cache:
+        k = torch.cat([cache["k"], k], dim=2)
+        vh = torch.cat([cache["v"], vh], dim=2)
+    cache.update(k=k, v=vh)
+    return k, vh
+
+class UniformGraphAttention(MixedHeadAttention):
+    """The mean-mixing baseline (graph='uniform'): no queries or keys, every score 0, so the softmax gives every head the
+    same P, the plain average over the sequence (causally: over the positions <= t); P V is the (running) mean."""
+    queries = False
+
+    def project(self, x, rope=None):
+        B, T, C = x.shape
+        v = self.qkv(x).view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D): values only
+        scores = x.new_zeros(B, self.n_head, T, 1)  # (B, H, T, 1): zero queries and keys, so every score is 0
+        return scores, scores[:, :self.n_kv_head], v
+
+# ---- norms and rotary embeddings ----------------------------------------------
 class RMSNorm(nn.Module):  # parameter-free (nanochat)
     def forward(self, x):
         return F.rms_norm(x, (x.size(-1),))
@@ -35,107 +136,6 @@ def make_norm(config, dim):
 def apply_rope(x, cos, sin):  # x: (B, T, H, D), cos/sin: (1, T, 1, D/2)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
-
-class MixedHeadAttention(nn.Module):
-    """n_head heads; the trailing n_lap of them output (I - P) V instead of P V.
-    n_kv_head < n_head groups the heads (GQA): each group of n_head / n_kv_head query heads shares one key and value
-    head, and a Laplacian head subtracts P V from its own group's values.
-    graph='uniform' replaces every head's P by the plain average over the sequence (causal: over positions <= t),
-    the mean-mixing baseline: no queries or keys, and (I - P) V is each value minus the sequence's (running) mean."""
-    def __init__(self, config, n_lap):
-        super().__init__()
-        self.n_head = config.n_head
-        self.n_kv_head = config.n_kv_head or config.n_head  # None: one per query head
-        self.n_lap = n_lap
-        self.causal = config.causal
-        self.dropout = config.dropout
-        self.uniform = config.graph == "uniform"
-        self.head_dim = config.n_embd // config.n_head
-        kv_dim = self.n_kv_head * self.head_dim
-        self.qkv_rows = [kv_dim] if self.uniform else [config.n_embd, kv_dim, kv_dim]  # q, k, v (the uniform graph: v)
-        self.qkv = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        use_qk_norm = config.qk_norm and not self.uniform
-        self.q_norm = make_norm(config, self.head_dim) if use_qk_norm else nn.Identity()
-        self.k_norm = make_norm(config, self.head_dim) if use_qk_norm else nn.Identity()
-        self.resid_drop = nn.Dropout(config.dropout)
-
-    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
-        """(B, T, C) -> (B, T, C); return_attn: also P (B, H, T, T), through the explicit path."""
-        B, T, C = x.shape
-        y, P = self.heads(x, rope, explicit or return_attn, cache)  # (B, T, H, D)
-        y = self.resid_drop(self.proj(y.reshape(B, T, C)))
-        return (y, P) if return_attn else y
-
-    def heads(self, x, rope=None, explicit=False, cache=None):
-        """Every head's output before the output projection, (B, T, H, D), and P (B, H, T, T) (explicit path; else None).
-        cache: one layer's dict of a KVCache (generation, fused path): the keys and values of the earlier positions."""
-        B, T, C = x.shape
-        H, K, D = self.n_head, self.n_kv_head, self.head_dim
-        A = H - self.n_lap  # A attention heads, then the Laplacian ones
-        if self.uniform:  # values only
-            v = self.qkv(x).view(B, T, K, D)
-            k = None
-        else:
-            q, k, v = (t.view(B, T, -1, D) for t in self.qkv(x).split(self.qkv_rows, dim=-1))  # (B, T, H or K, D)
-            q, k = self.q_norm(q), self.k_norm(k)
-            if rope is not None:
-                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, K, T, D)
-        vh = v.transpose(1, 2)  # (B, K, T, D)
-        if cache is not None:  # the earlier positions' keys and values first, then this call's; kept for the next call
-            if cache:  # S = the earlier positions + this call's T
-                vh = torch.cat([cache["v"], vh], dim=2)  # (B, K, S, D)
-                k = k if k is None else torch.cat([cache["k"], k], dim=2)  # (B, K, S, D)
-            cache.update(k=k, v=vh)
-        if K < H and self.n_lap:  # query head h reads key and value head h // (H / K); V - P V needs them per query head
-            v = v.repeat_interleave(H // K, dim=2)  # (B, T, H, D)
-        drop = self.dropout if self.training else 0.0
-        if not explicit:  # fast path: P V for every head in one fused call, then V - P V for the Laplacian heads
-            if self.uniform:  # P V is the (running) mean of the values; this call's T positions are the last rows
-                y = uniform_mean(vh.transpose(1, 2), self.causal)[:, -T:]  # (B, T, K, D)
-                y = y.repeat_interleave(H // K, dim=2) if K < H else y  # (B, T, H, D)
-            else:
-                # a single new query (cached generation) may see every cached position: no mask
-                causal = self.causal and T > 1
-                y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=causal, enable_gqa=K < H)  # (B, H, T, D)
-                y = y.transpose(1, 2)  # (B, T, H, D)
-            # under a KV cache, row t of V - P V is v_t - sum_s P_ts v_s: P V reads the cached values as attention does,
-            # and v_t is the new token's own value, computed in this call: a Laplacian head needs nothing more cached
-            if self.n_lap == H:
-                y = v - y  # (B, T, H, D): V - P V, every head Laplacian
-            elif self.n_lap:
-                y = torch.cat([y[:, :, :A], v[:, :, A:] - y[:, :, A:]], dim=2)  # (B, T, H, D): P V, then V - P V
-            return y, None
-        # explicit path: materialise P, build P or I - P per head, multiply
-        if K < H:  # every query head gets its group's keys and values
-            vh = vh.repeat_interleave(H // K, dim=1)  # (B, H, T, D)
-            k = k if k is None else k.repeat_interleave(H // K, dim=1)  # (B, H, T, D)
-        if self.uniform:
-            P = uniform_graph(T, self.causal, x.device, x.dtype).expand(B, H, T, T)  # (B, H, T, T)
-        else:
-            att = (q @ k.transpose(-2, -1)) * D ** -0.5  # (B, H, T, T)
-            if self.causal:  # no token sees the future
-                att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
-            P = F.dropout(att.softmax(dim=-1), drop, self.training)
-        is_lap = (torch.arange(H, device=x.device) >= A).view(1, H, 1, 1)
-        eye = torch.eye(T, device=x.device, dtype=P.dtype)
-        y = (torch.where(is_lap, eye - P, P) @ vh).transpose(1, 2)  # (B, T, H, D)
-        return y, P
-
-def uniform_mean(v, causal):
-    """P V for the uniform graph, v (B, T, H, D): the mean over the sequence, or causally the mean of positions <= t."""
-    if not causal:
-        return v.mean(dim=1, keepdim=True).expand_as(v)
-    count = torch.arange(1, v.shape[1] + 1, device=v.device, dtype=v.dtype).view(1, -1, 1, 1)
-    return v.cumsum(dim=1) / count
-
-def uniform_graph(T, causal, device, dtype):
-    """The uniform graph's P (T, T): 1/T everywhere, or causally 1/t on and below the diagonal of row t."""
-    P = torch.ones(T, T, device=device, dtype=dtype)
-    if causal:
-        P = P.tril()
-    return P / P.sum(dim=-1, keepdim=True)
 
 # ---- blocks -----------------------------------------------------------------
 class MLP(nn.Module):
@@ -169,7 +169,7 @@ class Block(nn.Module):
     def __init__(self, config, n_lap, drop_path_rate):
         super().__init__()
         self.norm1 = make_norm(config, config.n_embd)
-        self.attn = MixedHeadAttention(config, n_lap)
+        self.attn = (UniformGraphAttention if config.graph == "uniform" else MixedHeadAttention)(config, n_lap)
         self.ls1 = LayerScale(config.n_embd, config.layerscale) if config.layerscale else nn.Identity()
         self.norm2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
@@ -186,9 +186,6 @@ class Block(nn.Module):
 # ---- config and presets -----------------------------------------------------
 CHOICES = dict(model=("vit", "gpt"), norm=("layernorm", "rmsnorm"), mlp=("gelu", "relu2"), pos=("learned", "rope"),
                pooling=("cls", "mean"), graph=("attention", "uniform"))  # Config's fields with named values
-
-def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
 
 @dataclass
 class Config:
@@ -220,47 +217,29 @@ class Config:
     graph: str = "attention"  # every head's P: 'attention' (softmax) or 'uniform' (the sequence mean; the baseline)
 
     def __post_init__(self):
-        """Every field's type, then the rules between fields, one per check; a broken rule raises ValueError."""
+        """The rules between fields, one per check, raising ValueError (the scripts check types against the defaults)."""
         self.n_lap = list(self.n_lap) if isinstance(self.n_lap, tuple) else self.n_lap
-        for f in fields(self):  # the types first: the rules below rely on them
-            self._check_type(f.name, getattr(self, f.name), f.default)
+        for name, allowed in CHOICES.items():
+            self._check(name, getattr(self, name) in allowed, f"allowed values are {allowed}")
         for name in ("n_layer", "n_head", "n_embd", "patch_size", "in_chans", "block_size"):
             self._check(name, getattr(self, name) >= 1, "must be at least 1")
         self._check("n_embd", self.n_embd % self.n_head == 0, f"not divisible by n_head={self.n_head}; choose a multiple of n_head")
-        self._check("n_lap", len(self.lap_schedule()) == self.n_layer,
-                    f"the per-layer list has {len(self.lap_schedule())} entries but n_layer={self.n_layer}")
-        self._check("n_lap", max(self.lap_schedule()) <= self.n_head, f"at most n_head={self.n_head} Laplacian heads per layer")
+        counts = self.lap_schedule()
+        self._check("n_lap", all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in counts),
+                    "must be a non-negative int or a list of them, one per layer")
+        self._check("n_lap", len(counts) == self.n_layer, f"the per-layer list has {len(counts)} entries but n_layer={self.n_layer}")
+        self._check("n_lap", max(counts) <= self.n_head, f"at most n_head={self.n_head} Laplacian heads per layer")
         if self.n_kv_head is not None:
             self._check("n_kv_head", 1 <= self.n_kv_head <= self.n_head, f"must lie in [1, n_head={self.n_head}] (or be None)")
             self._check("n_kv_head", self.n_head % self.n_kv_head == 0, f"must divide n_head={self.n_head}")
-        self._check("drop_path", self.drop_path < 1, "must lie in [0, 1)")
-        self._check("dropout", self.dropout < 1, "must lie in [0, 1)")
+        self._check("drop_path", 0 <= self.drop_path < 1, "must lie in [0, 1)")
+        self._check("dropout", 0 <= self.dropout < 1, "must lie in [0, 1)")
         if self.pos == "rope":
             self._check("n_embd", (self.n_embd // self.n_head) % 2 == 0, "RoPE needs an even head size")
         if self.model == "gpt":
             self._check("vocab_size", self.vocab_size >= 1, "a GPT needs vocab_size >= 1")
-            self._check("causal", self.causal, "a GPT must be causal (causal=True)")
         if self.model == "vit":
             self._check("img_size", self.img_size % self.patch_size == 0, f"not divisible by patch_size={self.patch_size}")
-            self._check("pos", self.pos == "learned", "the ViT uses a learned position embedding")
-        if self.graph == "uniform":
-            self._check("graph", self.dropout == 0, "the uniform graph has no attention probabilities to drop; set dropout=0")
-
-    def _check_type(self, name, value, default):
-        """A field's value has the kind of its default: one of CHOICES, n_lap's counts, a bool, an int or a number."""
-        if name in CHOICES:
-            self._check(name, value in CHOICES[name], f"allowed values are {CHOICES[name]}")
-        elif name == "n_kv_head":
-            self._check(name, value is None or _is_int(value), "must be an int or None (= n_head)")
-        elif name == "n_lap":
-            counts = value if isinstance(value, list) else [value]
-            self._check(name, all(_is_int(k) and k >= 0 for k in counts), "must be a non-negative int or a list of them, one per layer")
-        elif isinstance(default, bool):
-            self._check(name, isinstance(value, bool), "must be True or False")
-        elif isinstance(default, int):
-            self._check(name, _is_int(value) and value >= 0, "must be a non-negative int")
-        elif isinstance(default, float):
-            self._check(name, (_is_int(value) or isinstance(value, float)) and value >= 0, "must be a non-negative number")
 
     def _check(self, field, ok, why):
         if not ok:
@@ -319,21 +298,23 @@ class Trunk(nn.Module):
         return block.attn(block.norm1(x), rope, explicit=True, return_attn=True)[1]
 
     def num_params(self, exclude_embedding=False):
-        """Parameter count (the GPT can leave out its token table; the ViT has none to leave out)."""
-        return sum(p.numel() for p in self.parameters())
+        """Parameter count; exclude_embedding leaves out token tables, lookups rather than matmuls (the GPT's wte)."""
+        tables = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding)) if exclude_embedding else 0
+        return sum(p.numel() for p in self.parameters()) - tables
 
     def flops_per_token(self, T):
-        """Training FLOPs per token (nanochat): 6N (matmuls) + 12*L*H*Q*T (attention, H*Q = d); V - P V counts as 0,
-        and so does the uniform graph's mean."""
-        attention = 0 if self.config.graph == "uniform" else 12 * self.config.n_layer * self.config.n_embd * T
-        return 6 * self.num_params(exclude_embedding=True) + attention
+        """Training FLOPs per token (nanochat): 6N (matmuls) + 12 L d T (attention: Q K^T and P V, forward and backward);
+        V - P V counts as 0. The uniform graph's scores are constants: Q K^T forward (width 1 per head), P V, dV."""
+        L, d = self.config.n_layer, self.config.n_embd
+        if self.config.graph == "uniform":
+            return 6 * self.num_params(exclude_embedding=True) + L * T * (4 * d + 2 * self.config.n_head)
+        return 6 * self.num_params(exclude_embedding=True) + 12 * L * d * T
 
 # ---- ViT --------------------------------------------------------------------
 class ViT(Trunk):
     """DeiT-III: patch embedding, CLS token, learned positions, head; crops of other sizes (DINO) interpolate them."""
     def __init__(self, config):
         super().__init__(config)
-        assert config.model == "vit"
         c, self.grid = config, config.img_size // config.patch_size
         self.patch_embed = nn.Conv2d(c.in_chans, c.n_embd, c.patch_size, c.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
@@ -384,7 +365,6 @@ class GPT(Trunk):
     """nanochat's GPT: token embedding then RMSNorm, RoPE, QK-norm, ReLU^2 MLP, no biases, untied lm_head, softcap."""
     def __init__(self, config):
         super().__init__(config)
-        assert config.model == "gpt"
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         D = config.n_embd // config.n_head
@@ -415,11 +395,6 @@ class GPT(Trunk):
             nn.init.zeros_(block.mlp.proj.weight)
         nn.init.zeros_(self.lm_head.weight)
 
-    def num_params(self, exclude_embedding=False):
-        """Parameter count; exclude_embedding leaves out the token table (a lookup, not a matmul)."""
-        n = super().num_params()
-        return n - self.wte.weight.numel() if exclude_embedding else n
-
     def embed(self, idx, start=0):  # idx (B, T) -> tokens (B, T, d) and the rotary (cos, sin) of positions start..start+T-1
         end = start + idx.shape[1]
         if end > self.config.block_size:
@@ -445,10 +420,8 @@ class GPT(Trunk):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
         """Sample continuations of idx (B, T) (temperature 0 = greedy). use_cache: prefill a KVCache with the prompt's last
-        block_size tokens, then run one token per step; a full cache is refilled with the last block_size // 2 tokens,
-        placed at position 0 (a sliding window would shift every position at every token and leave no cached key valid; half
-        a window keeps the cache's speed and at least half a window of context). use_cache=False recomputes the context
-        cropped to block_size for every token: the same tokens within block_size, past it a full window, slowly."""
+        block_size tokens, then one token per call; a full cache is refilled with the last half window at position 0 (a
+        sliding window would move every position and void every cached key). use_cache=False recomputes each token."""
         block_size = self.config.block_size
         cache = None
         for _ in range(max_new_tokens):
@@ -468,8 +441,7 @@ class GPT(Trunk):
         return idx
 
 class KVCache:
-    """What generation keeps of the positions seen so far: each layer's keys and values (B, n_kv_head, t, D), RoPE
-    applied; a Laplacian head needs no more, since its subtracted value is the new token's own (see heads)."""
+    """Generation's memory: each layer's keys and values (B, n_kv_head, t, D), RoPE applied (see extend_cache)."""
     def __init__(self, n_layer):
         self.layers = [{} for _ in range(n_layer)]  # one dict per layer, filled by MixedHeadAttention.heads
 
