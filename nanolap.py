@@ -125,13 +125,11 @@ class UniformGraphAttention(MixedHeadAttention):
         scores = x.new_zeros(B, self.n_head, T, 1)  # (B, H, T, 1): zero queries and keys, so every score is 0
         return scores, scores[:, :self.n_kv_head], v
 
-# ---- norms and rotary embeddings ----------------------------------------------
-class RMSNorm(nn.Module):  # parameter-free (nanochat)
-    def forward(self, x):
-        return F.rms_norm(x, (x.size(-1),))
-
-def make_norm(config, dim):
-    return nn.LayerNorm(dim, eps=1e-6, bias=config.bias) if config.norm == "layernorm" else RMSNorm()  # eps: timm, DINO
+# ---- norms and rotary embeddings ------------------------------------------
+def make_norm(config, dim):  # LayerNorm's eps: timm's and DINO's; RMSNorm without a gain, as nanochat's
+    if config.norm == "layernorm":
+        return nn.LayerNorm(dim, eps=1e-6, bias=config.bias)
+    return nn.RMSNorm(dim, elementwise_affine=False)
 
 def apply_rope(x, cos, sin):  # x: (B, T, H, D), cos/sin: (1, T, 1, D/2)
     x1, x2 = x.chunk(2, dim=-1)
@@ -218,7 +216,6 @@ class Config:
 
     def __post_init__(self):
         """The rules between fields, one per check, raising ValueError (the scripts check types against the defaults)."""
-        self.n_lap = list(self.n_lap) if isinstance(self.n_lap, tuple) else self.n_lap
         for name, allowed in CHOICES.items():
             self._check(name, getattr(self, name) in allowed, f"allowed values are {allowed}")
         for name in ("n_layer", "n_head", "n_embd", "patch_size", "in_chans", "block_size"):
@@ -247,7 +244,7 @@ class Config:
 
     def lap_schedule(self):
         """Number of Laplacian heads in each layer."""
-        return list(self.n_lap) if isinstance(self.n_lap, list) else [self.n_lap] * self.n_layer
+        return list(self.n_lap) if isinstance(self.n_lap, (list, tuple)) else [self.n_lap] * self.n_layer
 
 _VIT = dict(model="vit", qk_norm=True, norm="layernorm", mlp="gelu", bias=True, pos="learned")
 _GPT = dict(model="gpt", causal=True, qk_norm=True, norm="rmsnorm", mlp="relu2", bias=False, pos="rope", softcap=15.0)
