@@ -1,24 +1,21 @@
-"""The run plumbing every nanolap script shares (nanochat keeps the same in nanochat/common.py): options and config
-files, devices and processes, seeds and schedules, checkpoints and the output folder, logging and the RESULT line.
-The model itself is in nanolap.py; this file imports it only to build a model from options or from a checkpoint.
+"""The run plumbing every nanolap script shares (nanochat keeps the same in nanochat/common.py), in five sections:
+options; devices, dtype and processes; seeds and schedules; checkpoints and run folders; logs, errors and RESULT.
+The model itself is in nanolap.py; this file imports it only to build a model from options or a checkpoint.
 """
 
 import ast
-import atexit
 import difflib
-import hashlib
+import functools
 import json
+import logging
 import math
 import os
 import platform
 import random
 import re
-import shlex
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, fields
@@ -34,16 +31,22 @@ class UsageError(ValueError):
 
 
 # ---- options: plain commented globals of a script, --key=value overrides and config files, never code
+# the type of a model option whose default is None (the preset's value): its Config field's; n_kv_head: an int or None
+MODEL_TYPES = {f.name: f.default for f in fields(Config) if f.default is not None} | {"n_kv_head": 1}
+
 def _typed(key, value, default):
-    if isinstance(value, str) and not isinstance(default, str) or default is None:
+    """value (text of --key=value, or a config file's literal) as an option of the default's type."""
+    kind = MODEL_TYPES.get(key) if default is None else default
+    if isinstance(value, str) and not isinstance(kind, str):
         with suppress(ValueError, SyntaxError):  # a bare word stays a string: --dataset=cifar10
             value = ast.literal_eval(value)
-    if default is None or value is None:
+    if kind is None or value is None:
         return value
-    value = float(value) if isinstance(default, float) and type(value) is int else value  # --lr=1 is 1.0
+    value = float(value) if isinstance(kind, float) and type(value) is int else value  # --lr=1 is 1.0
     n_lap_list = key == "n_lap" and isinstance(value, (list, tuple))
-    if not (n_lap_list or type(value) is type(default) or isinstance(value, type(default)) and not isinstance(value, bool)):
-        raise UsageError(f"--{key}={value!r} has type {type(value).__name__}, expected {type(default).__name__} like the default {default!r}")
+    if not (n_lap_list or type(value) is type(kind) or isinstance(value, type(kind)) and not isinstance(value, bool)):
+        like = f" like the default {default!r}" if default is not None else ""
+        raise UsageError(f"--{key}={value!r} has type {type(value).__name__}, expected {type(kind).__name__}{like}")
     return list(value) if isinstance(value, tuple) else value
 
 def parse_args(defaults, argv=None):
@@ -68,14 +71,14 @@ def parse_args(defaults, argv=None):
             where = f"config file {arg}: line {node.lineno}"
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
                 raise UsageError(f"{where}: only `key = value` lines are allowed")
-            if node.targets[0].id not in config:
-                raise UsageError(f"{where}: unknown key {node.targets[0].id!r};"
-                                 f"{_closest(node.targets[0].id, config)} --help lists every option")
+            key = node.targets[0].id
+            if key not in config:
+                raise UsageError(f"{where}: unknown key {key!r};{_closest(key, config)} --help lists every option")
             try:
                 value = ast.literal_eval(node.value)
             except ValueError:
-                raise UsageError(f"{where}: {node.targets[0].id} must be a literal value")
-            config[node.targets[0].id] = _typed(node.targets[0].id, value, defaults[node.targets[0].id])
+                raise UsageError(f"{where}: {key} must be a literal value")
+            config[key] = _typed(key, value, defaults[key])
     return config
 
 def _closest(name, names, prefix=""):
@@ -84,11 +87,10 @@ def _closest(name, names, prefix=""):
     return f" did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
 
 def configure(namespace, argv=None, schedule=()):
-    """Resolve a script's options (see declared_options) into it; --help lists them with their comments.
-    --resume: the options saved in out_dir/ckpt.pt are the base and the command line goes on top, but neither the model,
-    the data (Config fields, preset, dataset, seed) nor the `schedule` length (a longer one would raise the learning
-    rate of a cooled-down run again) may change. Returns (config, checkpoint or None)."""
-    install_error_handler()
+    """Resolve a script's options (declared_options) into it; --help lists them with their comments. --resume: the
+    options saved in out_dir/ckpt.pt are the base and the command line goes on top, but neither the model, the data
+    (Config fields, preset, dataset, seed) nor the `schedule` length may change. Returns (config, checkpoint or None)."""
+    sys.excepthook = report_error  # a bad option ends in one line
     argv = sys.argv[1:] if argv is None else argv
     comments = declared_options(namespace)
     options = {k: namespace[k] for k in comments}
@@ -97,20 +99,25 @@ def configure(namespace, argv=None, schedule=()):
         print("\n".join(f"  --{k}={v!r}  # {comments[k]}" for k, v in options.items()))
         sys.exit(0)
     config, ckpt = parse_args(options, argv), None
-    _defaults.update(options)  # finished_run() names the options a run was given: those that differ from these
     if config.get("resume"):
         ckpt = load_checkpoint(os.path.join(config["out_dir"], CHECKPOINT), "--resume: ")
         saved = {k: v for k, v in ckpt.get("config", {}).items() if k in options}
         config = parse_args({**options, **saved, "resume": True, "out_dir": config["out_dir"]}, argv)
         fixed = [f.name for f in fields(Config)] + ["preset", "dataset", "seed", *schedule]
         changed = [f"--{k}={config[k]!r} (checkpoint: {saved[k]!r})" for k in fixed if k in saved and config[k] != saved[k]]
-        if changed:
+        if changed:  # a longer schedule would raise a cooled-down learning rate again
             raise UsageError(f"--resume continues a run exactly: it cannot change the model, data or schedule ({', '.join(changed)}). "
                              f"To train longer, run the longer schedule in a new --out_dir (--stop_at_step stops early)")
     namespace.update(config)
     return config, ckpt
 
-_defaults = {}  # the running script's option defaults, kept by configure() for finished_run()
+def declared_options(namespace):
+    """{option: its comment}, in the script's order: the top-level `name = value  # comment` lines of the script's file
+    whose name is lower-case and whose value is a literal (None, bool, int, float, str, list). Any other global, a
+    constant, an import or a line without a comment, never becomes an option by accident."""
+    lines = re.findall(r"^([a-z]\w*) = .*?  # (.*)$", open(namespace["__file__"]).read(), re.M)
+    literal = (type(None), bool, int, float, str, list)
+    return {k: why for k, why in lines if k.islower() and isinstance(namespace.get(k, ()), literal)}
 
 def check_options(config, at_least=None, above_zero=(), fractions=(), choices=None):
     """A script's rules for its options, declared once and worded alike: at_least {minimum: [keys]},
@@ -128,52 +135,6 @@ def check_options(config, at_least=None, above_zero=(), fractions=(), choices=No
     for key, allowed in (choices or {}).items():
         require(key, config[key] in allowed, f"choose one of {', '.join(map(str, allowed))}")
 
-def check_resume(ckpt, kind, model_config):
-    """--resume continues one run: the checkpoint must hold a `kind` run of the same model. Raises UsageError."""
-    if ckpt.get("kind") != kind:
-        raise UsageError(f"--resume: the checkpoint holds a {ckpt.get('kind')} run, not a {kind} one; use a new --out_dir")
-    if asdict(Config(**ckpt["model_config"])) != asdict(model_config):  # a field added since takes its default
-        raise UsageError("--resume: the checkpoint holds a different model; do not change model options on resume, "
-                         "or use a new --out_dir")
-
-def declared_options(namespace):
-    """{option: its comment}, in the script's order: the top-level `name = value  # comment` lines of the script's file
-    whose name is lower-case and whose value is a literal (None, bool, int, float, str, list). Any other global, a
-    constant, an import or a line without a comment, never becomes an option by accident."""
-    lines = re.findall(r"^([a-z]\w*) = .*?  # (.*)$", open(namespace["__file__"]).read(), re.M)
-    literal = (type(None), bool, int, float, str, list)
-    return {k: why for k, why in lines if k.islower() and isinstance(namespace.get(k, ()), literal)}
-
-def install_error_handler():
-    """Input mistakes, a non-finite loss, running out of GPU memory and Ctrl-C end in one stderr line (no traceback)
-    from the first process."""
-    def handler(kind, error, tb):
-        rank = int(os.environ.get("RANK", 0))
-        if issubclass(kind, KeyboardInterrupt):
-            message = "interrupted; the last checkpoint is intact (continue with --resume)"
-        elif issubclass(kind, (UsageError, OSError, FloatingPointError)):  # OSError: a missing file, a full disk, ...
-            message = f"error: {error}"
-        elif is_out_of_memory(error):
-            message = f"error: out of memory {_memory_advice[0]}" if _memory_advice else f"error: {error}".split("\n")[0]
-        elif not (rank > 0 and issubclass(kind, RuntimeError)):  # not a lost peer (rank 0 says why)
-            return sys.__excepthook__(kind, error, tb)
-        if rank == 0:
-            print(message, file=sys.__stderr__, flush=True)  # torch's process group wraps sys.stderr
-        remove_empty_out_dirs()
-        os._exit(1)  # skip the process group's destructor, which can abort once a peer is gone
-    sys.excepthook = handler
-
-def is_out_of_memory(error):
-    """A CUDA out-of-memory error, or MPS's (a RuntimeError: 'MPS backend out of memory ...')."""
-    mps = isinstance(error, RuntimeError) and "MPS backend out of memory" in str(error)
-    return isinstance(error, torch.OutOfMemoryError) or mps
-
-_memory_advice = []  # what a run says when its device's memory runs out: set by on_out_of_memory
-
-def on_out_of_memory(advice):
-    """The error handler's one line when memory runs out later in this run: the run, the batch it tried, and what to lower."""
-    _memory_advice[:] = [advice]
-
 def config_from_options(options, kind, **fixed):
     """Model Config of a script's options: preset, then options named like Config fields (None = keep), then `fixed`."""
     names = [name for name, p in PRESETS.items() if p["model"] == kind]
@@ -185,7 +146,22 @@ def config_from_options(options, kind, **fixed):
     except ValueError as e:  # the model's rules, as a usage error
         raise UsageError(str(e)) from None
 
-# ---- devices and processes
+def check_resume(ckpt, kind, model_config):
+    """--resume continues one run: the checkpoint must hold a `kind` run of the same model. Raises UsageError."""
+    if ckpt.get("kind") != kind:
+        raise UsageError(f"--resume: the checkpoint holds a {ckpt.get('kind')} run, not a {kind} one; use a new --out_dir")
+    if asdict(Config(**ckpt["model_config"])) != asdict(model_config):
+        raise UsageError("--resume: the checkpoint holds a different model; do not change model options on resume, "
+                         "or use a new --out_dir")
+
+def finished_run(out_dir, step, total, option):
+    """--resume of a run at the end of its schedule: nothing to train, its files stay as they are. Exits with status 0."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train. To train longer, "
+              f"start a new --out_dir with a longer --{option} (continuing would raise a cooled-down learning rate again)")
+    sys.exit(0)
+
+# ---- devices, dtype and processes
 def resolve_device(device):
     """'auto' = cuda, else mps, else cpu; 'cpu', 'cuda', 'cuda:N' and 'mps' are checked to exist."""
     kind, has = device.split(":")[0], dict(cpu=True, cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available())
@@ -196,55 +172,45 @@ def resolve_device(device):
                          if kind in has else f"--device={device!r}: choose auto, cpu, cuda, cuda:N or mps")
     return device
 
-def launch_cpu_processes(nprocs, device):
-    """DDP on a CPU without torchrun: with nprocs > 1 on the CPU, run this command in nprocs single-threaded processes
-    that form a gloo group (torchrun's variables, set here), and exit with their status; else (or in them) return.
-    Where their group cannot start, this process says so in one line and returns: it trains alone."""
-    if nprocs < 1:
-        raise UsageError(f"--cpu_procs={nprocs}: must be at least 1")
-    if "NANOLAP_LAUNCHER" in os.environ:  # one of the processes: stop when the launcher is gone
-        threading.Thread(target=_exit_with_launcher, args=(int(os.environ["NANOLAP_LAUNCHER"]),), daemon=True).start()
-    if nprocs == 1 or "RANK" in os.environ or resolve_device(device) != "cpu":
-        return
-    with socket.create_server(("127.0.0.1", 0)) as s:  # a free port for the process group
-        port = s.getsockname()[1]
-    env = dict(os.environ, WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), NANOLAP_LAUNCHER=str(os.getpid()), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
-    env[GROUP_ERROR_FILE] = os.path.join(tempfile.gettempdir(), f"nanolap-group-error-{os.getpid()}.txt")
-    with suppress(OSError):  # left by a killed launcher of the same process id
-        os.remove(env[GROUP_ERROR_FILE])
-    procs = [subprocess.Popen([sys.executable, *sys.argv], env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(nprocs)]
-    with suppress(KeyboardInterrupt):  # they got the same Ctrl-C and stop cleanly
-        while all(p.poll() in (None, 0) for p in procs) and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
-    with suppress(subprocess.TimeoutExpired):  # one failed: the first process speaks for all, give it time to say why
-        procs[0].wait(timeout=10)
-    for p in procs:  # the others would wait for the failed one forever
-        p.terminate() if p.poll() is None else None
-        p.wait()
-    if os.path.isfile(env[GROUP_ERROR_FILE]):  # their process group did not start: this process trains alone
-        with open(env[GROUP_ERROR_FILE]) as f:
-            reason = f.read()
-        os.remove(env[GROUP_ERROR_FILE])
-        print(f"note: the gloo process group of {nprocs} CPU processes cannot start here ({reason}); training in this "
-              f"one process instead, as --cpu_procs=1 does (where batch_size is per process, the global batch is "
-              f"{nprocs} times smaller)", flush=True)
-        return
-    sys.exit(next((abs(p.returncode) for p in procs if p.returncode), 0))
+def start_processes(out_dir, resume, cpu_procs, device, oom_advice=""):
+    """A training run's start, alike in every script: on a CPU with cpu_procs > 1, `python train_*.py` runs itself again
+    under torchrun; the first process prepares out_dir before the others meet (a bad one fails once); each joins the
+    process group. oom_advice follows an out-of-memory traceback. Returns (rank, local_rank, world, device)."""
+    device = resolve_device(device)
+    if cpu_procs > 1 and device == "cpu" and "RANK" not in os.environ:
+        run_under_torchrun(cpu_procs)
+    aside = prepare_out_dir(out_dir, resume) if os.environ.get("RANK", "0") == "0" else None
+    sys.excepthook = functools.partial(report_error, out_dir=out_dir, aside=aside, oom_advice=oom_advice)
+    rank, local_rank, world, device = setup_distributed(device)
+    if device.startswith("cuda"):  # TF32 for float32 matmuls (bfloat16 autocast covers most of them anyway)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return rank, local_rank, world, device
 
-GROUP_ERROR_FILE = "NANOLAP_GROUP_ERROR"  # names the file where the processes say why their group failed
+def run_under_torchrun(nprocs):
+    """This command again in nprocs single-threaded processes, started by PyTorch's torchrun as `OMP_NUM_THREADS=1
+    torchrun --standalone --nproc_per_node=nprocs` would; exits with their status (their own lines say what failed)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    os.environ.update(OMP_NUM_THREADS="1", **gloo_environment(os.name, torch.__version__))
+    logging.disable(logging.ERROR)  # torchrun's own reports: the processes say what failed
+    try:
+        torchrun.run(torchrun.parse_args(["--standalone", f"--nproc_per_node={nprocs}", *sys.argv]))
+    except ChildFailedError:
+        sys.exit(1)
+    except SignalException:  # Ctrl-C: the first process has said what was saved
+        sys.exit(130)
+    except Exception as e:  # no rendezvous: a blocked port, a missing network library
+        raise UsageError(f"the {nprocs} CPU processes cannot start here ({str(e).strip().splitlines()[0]}); train in one "
+                         f"process with --cpu_procs=1 (raise batch_size {nprocs} times to keep the global batch)") from None
+    sys.exit(0)
 
 def gloo_environment(os_name, torch_version):
     """The environment a CPU process group needs. PyTorch 2.4 and later ask their TCPStore for libuv, which its Windows
-    builds lack: "use_libuv was requested but PyTorch was build without libuv support" (pytorch #139990); USE_LIBUV=0
-    is the workaround."""
+    builds lack ("use_libuv was requested but PyTorch was build without libuv support", pytorch #139990)."""
     version = tuple(int(part) for part in re.findall(r"\d+", torch_version)[:2])
     return {"USE_LIBUV": "0"} if os_name == "nt" and version >= (2, 4) else {}
-
-def _exit_with_launcher(launcher):
-    while os.getppid() == launcher:
-        time.sleep(1)
-    os._exit(1)
 
 def setup_distributed(device="auto"):
     """Under torchrun: GPU LOCAL_RANK (nccl) or CPU (gloo) per process; returns (rank, local_rank, world, device)."""
@@ -259,51 +225,14 @@ def setup_distributed(device="auto"):
         torch.cuda.set_device(device)
     else:
         os.environ.update(gloo_environment(os.name, torch.__version__))
-    try:
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    except Exception as e:  # launch_cpu_processes falls back to one process; under torchrun the error stands
-        if GROUP_ERROR_FILE not in os.environ:
-            raise
-        with open(os.environ[GROUP_ERROR_FILE], "w") as f:
-            f.write(str(e).strip().split("\n")[0] or type(e).__name__)
-        os._exit(1)
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return rank, local_rank, world, device
-
-def start_processes(out_dir, resume, cpu_procs, device):
-    """A training run's start, alike in every script: the first process prepares out_dir (a bad one fails once,
-    before any other process starts), a CPU run launches its cpu_procs processes, each joins the process group,
-    and on CUDA float32 matmuls run in TF32 (bfloat16 autocast covers most of them anyway).
-    Returns (rank, local_rank, world, device)."""
-    if os.environ.get("RANK", "0") == "0":
-        prepare_out_dir(out_dir, resume)
-    launch_cpu_processes(cpu_procs, device)
-    rank, local_rank, world, device = setup_distributed(device)
-    if device.startswith("cuda"):
-        # the flags hold for the whole process: teardown_distributed puts back what it found, so a run inside a test
-        # process (tests/test_gpt.py) leaves later float32 checks in float32
-        _tf32_found.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    return rank, local_rank, world, device
-
-_tf32_found = []  # the TF32 flags as start_processes found them
 
 def teardown_distributed():
-    """The end of a process of a group: after the last collective, leave without the interpreter's finalisation.
-    gloo's worker threads outlive destroy_process_group (even without the DDP model), and one that drops a Python
-    object while the interpreter finalises is killed in C++: SIGABRT, 'terminate called without an active exception'.
-    Every run ends here: the TF32 flags go back to what start_processes found."""
-    if _tf32_found:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = _tf32_found[0]
-        _tf32_found.clear()
-    if not dist.is_initialized():
-        return
-    dist.barrier()  # nobody tears the group down while a peer still talks to it
-    dist.destroy_process_group()
-    atexit._run_exitfuncs()  # what a normal exit would still do (remove_empty_out_dirs), with the interpreter alive
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    """The end of a run's process: every process leaves the group together."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 def print0(*args):
     """print on the first process only, as one write, so that lines of processes never interleave."""
@@ -320,9 +249,7 @@ def all_reduce_mean(x, device="cpu"):
 
 def amp_dtype(device, requested="auto"):
     """The dtype of --dtype on device. 'auto': bfloat16 where the GPU has bfloat16 tensor cores (capability 8.0 and up,
-    as nanochat decides); float16 with a gradient scaler below (a T4: torch.cuda.is_bf16_supported() says True there,
-    but bfloat16 is emulated, slowly, and the memory-efficient attention kernel takes only float16); float32 on a CPU
-    and on MPS."""
+    as nanochat decides); float16 with a gradient scaler below (a T4 emulates bfloat16, slowly); float32 on a CPU or MPS."""
     if requested not in ("auto", "float32", "bfloat16", "float16"):
         raise UsageError(f"--dtype={requested!r}: choose auto, float32, bfloat16 or float16")
     if requested != "auto":
@@ -343,33 +270,27 @@ def dtype_words(amp):
     return "bfloat16 autocast" if amp == torch.bfloat16 else "float32"
 
 def check_compile(compile_model, device):
-    """--compile_model on a CUDA GPU needs Triton (the inductor backend writes Triton kernels) and a GPU Triton can
-    drive: without, one line before any training instead of a traceback at the first forward."""
+    """--compile_model on a CUDA GPU needs Triton (inductor writes Triton kernels): without, one line before training."""
     from torch.utils._triton import has_triton  # imports torch's compiler: only where it is wanted
     if compile_model and str(device).startswith("cuda") and not has_triton():
         raise UsageError("--compile_model: torch.compile needs Triton on a CUDA GPU, and this Python has none (or it "
                          "cannot drive this GPU); run without --compile_model, or install Triton (pip install "
                          "triton; on Windows pip install triton-windows)")
 
-# Dense tensor-core peaks (no 2:4 sparsity) in float16 and bfloat16 with float32 accumulation, FLOP/s, from NVIDIA's product
-# datasheets (data-centre cards: the sparse figures halved) and the GA102 (Ampere) and AD102 (Ada) GeForce whitepapers
-# ("FP16 Tensor TFLOPS with FP32 Accumulate"): from Ampere on the two dtypes have one peak; T4 and V100 have float16 only.
-# Keys match whole names as peak_flops spells them (upper case, words apart, without "NVIDIA", "Tesla", "GeForce" and
-# the memory words "80GB", "HBM3": boards spell one chip "A100-SXM4-80GB", "A100-SXM-80GB" or "A100 80GB PCIe").
-# An H100 PCIe is no H100 SXM, an A10G no A10, an L40 no L40S, and a MIG slice or a laptop RTX 4090 is a smaller
-# chip: no MFU for those.
+# Dense float16 and bfloat16 tensor-core peaks, FLOP/s, for MFU: NVIDIA's datasheets (sparse figures halved) and for
+# GeForce cards the whitepapers' "FP16 Tensor TFLOPS with FP32 Accumulate". Keys match whole chip names as peak_flops
+# spells them; an H100 PCIe is no H100 SXM, an A10G no A10, and a MIG slice or a laptop GPU gets no MFU.
 GPU_PEAK_FLOPS = {
     r"H100( SXM5?)?": 989e12, r"H100 PCIE": 756e12, r"H100 NVL": 835e12, r"H200( SXM)?": 989e12, r"H200 NVL": 835e12,
     r"GH200": 989e12, r"A100( SXM4?| PCIE)?": 312e12, r"A10": 125e12, r"L4": 121e12, r"L40S": 362e12, r"L40": 181e12,
     r"T4": 65e12, r"V100 SXM2": 125e12, r"V100 PCIE": 112e12, r"RTX A6000": 154.8e12, r"RTX 4090": 165.2e12,
     r"RTX 4080": 97.5e12, r"RTX 3090 TI": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
 }
-# the table's GPUs before Ampere, as peak_flops spells them: float16 tensor cores only, bfloat16 is emulated there
-NO_BFLOAT16_TENSOR_CORES = r"T4|V100( .*)?"
+NO_BFLOAT16_TENSOR_CORES = r"T4|V100( .*)?"  # the table's GPUs before Ampere: bfloat16 is emulated there
 
 def peak_flops(device, name=None, dtype=torch.float16):
-    """Dense peak FLOP/s of a CUDA device (or of a GPU called `name`) in dtype, for MFU; None for a CPU, an unknown
-    GPU, float32 (TF32 peaks are not in the table) and bfloat16 on a GPU without bfloat16 tensor cores."""
+    """Dense peak FLOP/s of a CUDA device (or of a GPU called `name`) in dtype; None for a CPU, an unknown GPU,
+    float32 (no TF32 peaks in the table) and bfloat16 on a GPU without bfloat16 tensor cores."""
     if name is None and not str(device).startswith("cuda") or dtype == torch.float32:
         return None
     words = re.split(r"[\s_-]+", (name or torch.cuda.get_device_name(device)).strip().upper())
@@ -379,8 +300,8 @@ def peak_flops(device, name=None, dtype=torch.float16):
     return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, chip)), None)
 
 def machine_name(device):
-    """What a run trains on, as one word for its RESULT line and log (floats differ between machines: compare runs
-    of one machine): the GPU's name, or the CPU's model name and the vector instructions torch's kernels use."""
+    """What a run trains on, one word for its RESULT line and log (floats differ between machines): the GPU's name, or
+    the CPU's model name and the vector instructions torch's kernels use."""
     if str(device).startswith("cuda"):
         name = torch.cuda.get_device_name(device)
     else:
@@ -398,15 +319,7 @@ def cpu_model_name():
                               timeout=5, check=True).stdout.strip()
     return platform.processor() or platform.machine() or "unknown CPU"
 
-def print_param_checksum(params, rank, world):
-    """Every process of a DDP run reports its weights: the ranks must agree exactly (read_param_checksums)."""
-    print(f"rank {rank}/{world} param_checksum={sum(p.double().sum().item() for p in params):.10e}\n", end="", flush=True)
-
-def read_param_checksums(text):
-    """{rank: checksum text} of the print_param_checksum lines in text (the ranks' lines may interleave)."""
-    return dict(re.findall(r"rank (\d+)/\d+ param_checksum=([-+0-9.]+e[-+]\d+)", text))
-
-# ---- seeds: everything random in a step is a function of (seed, step, ...), so a resume is exact
+# ---- seeds and schedules: everything random in a step is a function of (seed, step, ...), so a resume is exact
 def step_seed(*parts):
     """A seed from ints, e.g. (seed, step, rank): Python hashes int tuples alike in every process and run."""
     return hash(tuple(parts)) & 0x7FFF_FFFF_FFFF_FFFF
@@ -421,7 +334,6 @@ def set_rng_state(state):
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
-# ---- schedules
 def cosine_schedule(step, total, start, end, warmup=0, warmup_start=0.0, warmup_from=0):
     """A linear warm-up from warmup_start to start over the first `warmup` steps, then a half cosine from start to end
     at step `total` (and end after it); start == end: a warm-up, then constant. Warm-up step s is (s + warmup_from) /
@@ -431,7 +343,13 @@ def cosine_schedule(step, total, start, end, warmup=0, warmup_start=0.0, warmup_
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     return end + 0.5 * (start - end) * (1 + math.cos(math.pi * progress))
 
-# ---- checkpoints and the output folder
+# ---- checkpoints and run folders
+CHECKPOINT = "ckpt.pt"
+LOG = "log.jsonl"  # one JSON line per evaluation
+RESULT = "result.txt"  # the RESULT line
+ANALYSIS = "analysis.json"  # analyze.py's numbers
+SUMMARY = "summary.md"  # analyze.py's and the report's tables
+
 def clean_state_dict(state_dict):
     """Strip the prefixes that torch.compile (_orig_mod.) and DDP (module.) add to parameter names."""
     return {re.sub(r"(^|(?<=\.))(_orig_mod|module)\.", "", k): v for k, v in state_dict.items()}
@@ -455,36 +373,12 @@ def atomic_write(path):
         if os.path.exists(tmp):
             os.remove(tmp)
 
-def content_checksum(obj):
-    """sha256 of a checkpoint's contents: every tensor's dtype, shape and bytes, and the rest (keys, numbers, text) by
-    repr, in order. Saved inside the checkpoint, it catches what torch.load does not: a flipped bit in the weights."""
-    h = hashlib.sha256()
-    def feed(x):
-        if isinstance(x, torch.Tensor):
-            t = x.detach().cpu().contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
-        elif isinstance(x, (dict, list, tuple)):
-            h.update(f"{type(x).__name__}{len(x)}".encode())
-            for key, value in x.items() if isinstance(x, dict) else enumerate(x):
-                h.update(repr(key).encode())
-                feed(value)
-        else:
-            h.update(repr(x).encode())
-    feed(obj)
-    return h.hexdigest()
-
 def save_checkpoint(obj, path):
     with atomic_write(path) as f:
-        torch.save(dict(obj, checksum=content_checksum(obj)), f)
-
-def _damaged(path, context, reason):
-    return UsageError(f"{context}{path} cannot be read ({reason}): the file is damaged or truncated (an interrupted copy?)"
-                      + ("; restore it, or start afresh without --resume" if context.startswith("--resume") else "; restore it"))
+        torch.save(obj, f)
 
 def load_checkpoint(path, context="", map_location="cpu"):
-    """torch.load with weights_only=True (tensors and plain data, never code), its checksum verified, failing in one line.
-    A checkpoint saved before checksums loads with a note."""
+    """torch.load with weights_only=True (tensors and plain data, never code), failing in one line."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{context}no checkpoint at {path}")
     try:
@@ -492,15 +386,12 @@ def load_checkpoint(path, context="", map_location="cpu"):
     except Exception as e:
         if "Unsupported global" in str(e):
             raise UsageError(f"{context}{path} holds Python objects, which could run code: it is not loaded") from None
-        reason = [line.strip() for line in str(e).split("WeightsUnpickler error:")[-1].splitlines() if line.strip()]
-        raise _damaged(path, context, (reason or [type(e).__name__])[0].split('. ')[0][:100]) from None
+        lines = [line.strip() for line in str(e).split("WeightsUnpickler error:")[-1].splitlines() if line.strip()]
+        fix = "restore it, or start afresh without --resume" if context.startswith("--resume") else "restore it"
+        raise UsageError(f"{context}{path} cannot be read ({(lines or [type(e).__name__])[0].split('. ')[0][:100]}): "
+                         f"the file is damaged or truncated (an interrupted copy?); {fix}") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"{context}{path} is not a nanolap checkpoint (a dict of tensors and plain data)")
-    checksum = ckpt.pop("checksum", None)
-    if checksum is None:
-        print(f"note: {path} has no checksum (saved before nanolap wrote them): loaded without a check")
-    elif checksum != content_checksum(ckpt):
-        raise _damaged(path, context, "its contents do not match their checksum")
     return ckpt
 
 def load_model(path_or_ckpt, key="model", map_location="cpu"):
@@ -510,71 +401,27 @@ def load_model(path_or_ckpt, key="model", map_location="cpu"):
     model.load_state_dict(clean_state_dict(ckpt[key]))
     return model
 
-# the files that describe a run: what a training script writes into its out_dir, and what analyze.py writes there
-CHECKPOINT = "ckpt.pt"
-LOG = "log.jsonl"  # one JSON line per evaluation
-RESULT = "result.txt"  # the RESULT line
-ANALYSIS = "analysis.json"
-SUMMARY = "summary.md"
-RUN_FILES = (CHECKPOINT, LOG, RESULT)
-ANALYSIS_FILES = ("analysis", ANALYSIS, "analysis_all.json", SUMMARY)
-
-def describes_a_run(out_dir, name):
-    """Whether out_dir/name describes the run trained there: its files, or analyze.py's outputs (figures, a folder
-    holding an analysis.json, as --out=out_dir/NAME writes) made from its checkpoint."""
-    path = os.path.join(out_dir, name)
-    return (name in RUN_FILES or name in ANALYSIS_FILES or name.endswith(".png")
-            or os.path.isdir(path) and not name.startswith("previous-") and os.path.isfile(os.path.join(path, ANALYSIS)))
-
-_made_out_dirs = []  # out_dirs this process created: removed again if the run ends before writing into them
-
-def remove_empty_out_dirs():
-    for folder in _made_out_dirs:
-        with suppress(OSError):  # not empty (the run wrote something) or gone: leave it
-            os.rmdir(folder)
-
 def prepare_out_dir(out_dir, resume):
-    """Make out_dir and prove it writable; a fresh run moves everything that describes an earlier run (its files and
-    its analysis) together to out_dir/previous-<time>/. A folder made here goes again if the run fails before using it."""
-    made = not os.path.isdir(out_dir)
+    """Make out_dir and prove it writable. A fresh run never overwrites an earlier one: what describes it (checkpoint,
+    log, RESULT, analyze.py's files and folders) moves to a new out_dir/previous-<time>-*/, returned (else None)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         open(os.path.join(out_dir, ".write-test"), "w").close()
         os.remove(os.path.join(out_dir, ".write-test"))
     except OSError as e:
         raise UsageError(f"--out_dir={out_dir} cannot be written ({e.strerror or e}); choose another --out_dir") from None
-    if made and not _made_out_dirs:
-        atexit.register(remove_empty_out_dirs)  # the error handler calls it too: os._exit skips atexit
-    if made:
-        _made_out_dirs.append(out_dir)
-    old = sorted(n for n in os.listdir(out_dir) if describes_a_run(out_dir, n))
-    if old and not resume:
-        aside = tempfile.mkdtemp(prefix=time.strftime("previous-%Y%m%d-%H%M%S-"), dir=out_dir)  # a new, unique folder
-        for name in old:
-            os.replace(os.path.join(out_dir, name), os.path.join(aside, name))
-        print(f"note: {out_dir} held an earlier run: its {', '.join(old)} moved to {aside}", flush=True)
+    run_files = (CHECKPOINT, LOG, RESULT, "analysis", ANALYSIS, "analysis_all.json", SUMMARY)
+    old = sorted(n for n in os.listdir(out_dir) if n in run_files or n.endswith(".png")
+                 or not n.startswith("previous-") and os.path.isfile(os.path.join(out_dir, n, ANALYSIS)))
+    if resume or not old:
+        return None
+    aside = tempfile.mkdtemp(prefix=time.strftime("previous-%Y%m%d-%H%M%S-"), dir=out_dir)  # a new, unique folder
+    for name in old:
+        os.replace(os.path.join(out_dir, name), os.path.join(aside, name))
+    print(f"note: {out_dir} held an earlier run: its {', '.join(old)} moved to {aside}", flush=True)
+    return aside
 
-def finished_run(config, step, total, option, longer):
-    """--resume of a run at the end of its schedule: nothing to train, its files stay byte for byte. Says how to train
-    longer: a new run whose schedule `option` is `longer` (continuing would raise a cooled-down learning rate again),
-    with the options this run was given (those that differ from the script's defaults). Exits with status 0."""
-    out_dir = config["out_dir"]
-    given = {k: v for k, v in config.items() if k not in ("resume", "out_dir", option) and v != _defaults.get(k)}
-    new = {"out_dir": os.path.normpath(out_dir) + "-long", option: longer, **given}
-    command = " ".join(["python", sys.argv[0]] + [shlex.quote(f"--{k}={_option_text(v)}") for k, v in new.items()])
-    if int(os.environ.get("RANK", 0)) == 0:  # under torchrun every process gets here, before any process group
-        print(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train and leaves its "
-              f"files as they are. To train longer, start a new --out_dir with a longer --{option}: {command}", flush=True)
-    teardown_distributed()
-    sys.exit(0)
-
-def _option_text(value):
-    """How value is written after --key= so that parse_args reads it back."""
-    if isinstance(value, list):
-        return json.dumps(value, separators=(",", ":"))
-    return value if isinstance(value, str) else repr(value)
-
-# ---- logging and the RESULT line
+# ---- logs, errors and the RESULT line
 def append_jsonl(path, record):
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -595,8 +442,8 @@ def _result_value(v):
     return str(v)
 
 def parse_result(text):
-    """The key=value pairs (strings, in order) of the last RESULT line in text, {} without one. Found anywhere in a
-    line: under PYTHONUNBUFFERED print writes a line and its newline apart, and another process can write between."""
+    """The key=value pairs (strings, in order) of the last RESULT line in text, {} without one (found anywhere in a
+    line: another process may write between a line and its newline)."""
     lines = re.findall(r"RESULT (\S.*)", text)
     return dict(word.split("=", 1) for word in lines[-1].split() if "=" in word) if lines else {}
 
@@ -606,12 +453,32 @@ def read_result(run_dir):
     return parse_result(open(path).read()) if os.path.isfile(path) else {}
 
 def check_finite(loss, step):
-    """Stop before the optimiser step when the loss is NaN or inf; the last checkpoint stays intact."""
+    """Stop before the optimiser step when the loss is NaN or inf."""
     if not math.isfinite(float(loss)):
-        raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: stopping before the optimiser "
-                                 f"step; the last checkpoint is intact. Try a lower learning rate or --grad_clip.")
+        raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: stopped before the optimiser step. "
+                                 f"Try a lower learning rate or --grad_clip.")
 
 def format_time(seconds):
     s = int(seconds)
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
+def report_error(kind, error, tb, out_dir=None, aside=None, oom_advice=""):
+    """The scripts' sys.excepthook. Bad input (UsageError, an unreadable file), a non-finite loss and Ctrl-C end in one
+    line from the first process, saying what was saved where; an error in the code keeps its traceback, and running out
+    of memory adds a line of advice after it."""
+    if issubclass(kind, KeyboardInterrupt):
+        message = "interrupted" + (f"; {saved(out_dir, aside)}" if out_dir else "")
+    elif issubclass(kind, (UsageError, OSError, FloatingPointError)):
+        message = f"error: {error}" + (f"; {saved(out_dir, aside)}" if out_dir and kind is FloatingPointError else "")
+    else:
+        sys.__excepthook__(kind, error, tb)
+        out_of_memory = isinstance(error, torch.OutOfMemoryError) or "MPS backend out of memory" in str(error)
+        message = f"out of memory {oom_advice}" if out_of_memory and oom_advice else None
+    if message and int(os.environ.get("RANK", 0)) == 0:
+        print(message, file=sys.__stderr__, flush=True)  # a process group prefixes sys.stderr's lines with the rank
+
+def saved(out_dir, aside):
+    """What a run that stops now leaves: the checkpoint to resume from, or nothing (and where an earlier run went)."""
+    if os.path.isfile(os.path.join(out_dir, CHECKPOINT)):
+        return f"the last checkpoint is intact: continue with --resume --out_dir={out_dir}"
+    return "no checkpoint yet, nothing to resume" + (f"; the earlier run in {out_dir} is in {aside}" if aside else "")

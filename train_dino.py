@@ -13,8 +13,8 @@ crops; the student learns to predict the teacher's softmax over out_dim prototyp
 teacher view and every other student view). Centring the teacher's outputs (a running mean is subtracted) and
 sharpening them (a low temperature) pull in opposite directions; together they keep the networks from collapsing.
 
-Evaluation of the frozen teacher backbone, against the raw pixels (knn_acc_pixels, ...): weighted k-NN on CLS
-features (DINO's eval_knn.py) at step 0 and every eval_interval steps; at the end a linear probe on the CLS tokens
+Evaluation of the frozen teacher backbone (probes.py), against the raw pixels (knn_acc_pixels, ...): weighted k-NN on
+CLS features (DINO's eval_knn.py) at step 0 and every eval_interval steps; at the end a linear probe on the CLS tokens
 of the last blocks and a linear segmentation probe (mIoU) on patch tokens of generated scenes or Oxford-IIIT Pets.
 
 The progress line: loss (DINO's cross-entropy); this step's lr, wd (weight decay), mom (teacher EMA momentum) and
@@ -30,16 +30,15 @@ Where this differs from facebookresearch/dino, and why:
   - Schedules are functions of the step and epochs may be fractional: short CPU runs get real warm-ups.
   - The linear probe trains on cached features without augmentation (DINO: 100 epochs with crops).
   - The CPU default departs from DINO's ViT-S where short runs on 28 px images do better (see the comments);
-    config/dino_vits16_imagenet.py keeps DINO's values. On a CPU, plain `python` trains in --cpu_procs processes.
+    config/dino_vits16_imagenet.py keeps DINO's values. On a CPU, plain `python` trains in --cpu_procs processes
+    (torchrun starts them).
 """
 
-import itertools
 import math
 import os
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 import torch.distributed as dist
@@ -49,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 import nanolap
+import probes
 from common import UsageError, print0
 from data import augment, images
 
@@ -208,129 +208,6 @@ def epoch_batches(x_train, subset, n, batch_size, step, seed, rank, world, num_w
                                          pin_memory=pin_memory)
     return (x.as_subclass(torch.Tensor) for x, _ in loader)
 
-# ---------------------------------------------------------------- helpers: evaluation (frozen features)
-
-@torch.no_grad()
-def extract_features(model, x_uint8, mean, std, device, kind="cls", blocks=1, batch_size=256, ctx=nullcontext()):
-    """Features of uint8 images (N, C, H, W): kind='cls' -> CLS of the last `blocks` blocks, each final-normed
-    and concatenated (N, blocks * d) (DINO's get_intermediate_layers); 'patch' -> (N, h, w, d) patch tokens;
-    'pixels' -> the normalised pixels themselves (N, C*H*W), the baseline."""
-    mean, std = (torch.tensor(v, device=device).view(1, -1, 1, 1) for v in (mean, std))
-    out = []
-    for i in range(0, len(x_uint8), batch_size):
-        x = (x_uint8[i:i + batch_size].to(device).float() / 255 - mean) / std
-        if kind == "pixels":
-            out.append(x.flatten(1).cpu())
-            continue
-        with ctx:
-            if kind == "patch":
-                t = model.forward_features(x)[:, 1:]  # (B, h*w, d)
-                side = int(math.isqrt(t.shape[1]))
-                out.append(t.float().reshape(len(x), side, side, -1).cpu())
-            else:
-                layers = model.forward_features(x, all_layers=True)[:-1]  # after block 1, ..., block L
-                cls = [model.norm(h)[:, 0] for h in layers[-blocks:]]  # final-normed, as DINO's probes
-                out.append(torch.cat(cls, dim=-1).float().cpu())
-    return torch.cat(out)
-
-@torch.no_grad()
-def knn_accuracy(train_f, train_y, test_f, test_y, num_classes, k=20, temp=0.07, chunk=1000):
-    """Weighted k-NN (DINO's eval_knn.py): cosine similarity on L2-normalised features, the k nearest
-    training images vote for their class with weight exp(similarity / temp). Returns top-1 accuracy."""
-    train_f, test_f = F.normalize(train_f, dim=1), F.normalize(test_f, dim=1)
-    correct = 0
-    for i in range(0, len(test_f), chunk):
-        sim, idx = (test_f[i:i + chunk] @ train_f.T).topk(min(k, len(train_f)), dim=1)  # (n, k)
-        votes = torch.zeros(len(idx), num_classes).scatter_add_(1, train_y[idx], (sim / temp).exp())
-        correct += (votes.argmax(dim=1) == test_y[i:i + chunk]).sum().item()
-    return correct / len(test_f)
-
-def knn_eval(backbone, eval_sets, mean, std, num_classes, k, temp, device, ctx=nullcontext()):
-    """k-NN accuracy of the backbone's CLS features on eval_sets ((x, y) train, (x, y) val); None = raw pixels."""
-    (xt, yt), (xv, yv) = eval_sets
-    kind = "pixels" if backbone is None else "cls"
-    ft, fv = (extract_features(backbone, x, mean, std, device, kind, ctx=ctx) for x in (xt, xv))
-    return knn_accuracy(ft, yt, fv, yv, num_classes, k, temp)
-
-def train_linear(feats, labels, num_classes, steps, seed, batch_size=256, lr=3e-3, ignore_index=-100):
-    """A linear layer on standardised frozen features: zero init, `steps` AdamW steps, cosine lr, cross-entropy.
-    Returns the predictor: features -> logits."""
-    g = torch.Generator().manual_seed(seed)
-    mean, std = feats.mean(dim=0), feats.std(dim=0) + 1e-6
-    clf = nn.Linear(feats.shape[1], num_classes)
-    nn.init.zeros_(clf.weight)
-    nn.init.zeros_(clf.bias)
-    opt = torch.optim.AdamW(clf.parameters(), lr=lr, weight_decay=1e-4)
-    batches = (idx for _ in itertools.count() for idx in torch.randperm(len(feats), generator=g).split(batch_size))
-    for step, idx in zip(range(steps), batches):  # epochs of shuffled batches
-        for group in opt.param_groups:
-            group["lr"] = common.cosine_schedule(step, steps, lr, 0.0)
-        loss = F.cross_entropy(clf((feats[idx] - mean) / std), labels[idx], ignore_index=ignore_index)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    @torch.no_grad()
-    def predictor(f, chunk=4096):  # features -> logits
-        return torch.cat([clf((f[i:i + chunk] - mean) / std) for i in range(0, len(f), chunk)])
-    return predictor
-
-def patch_labels(masks, grid, num_classes, ignore=255):
-    """Majority pixel label of every patch: masks (N, S, S) -> (N, grid, grid); all-ignore patches -> ignore."""
-    N, S, _ = masks.shape
-    p = S // grid
-    onehot = F.one_hot(torch.where(masks == ignore, num_classes, masks), num_classes + 1)  # (N, S, S, K+1)
-    counts = onehot[..., :num_classes].reshape(N, grid, p, grid, p, num_classes).sum(dim=(2, 4))
-    return torch.where(counts.sum(-1) > 0, counts.argmax(-1), ignore)
-
-def miou(pred, target, num_classes, ignore=255):
-    """Mean intersection over union over the classes present in the prediction or the target."""
-    keep = target != ignore
-    confusion = torch.bincount(target[keep] * num_classes + pred[keep], minlength=num_classes ** 2)
-    confusion = confusion.view(num_classes, num_classes).double()
-    inter, union = confusion.diag(), confusion.sum(0) + confusion.sum(1) - confusion.diag()
-    return (inter[union > 0] / union[union > 0]).mean().item()
-
-def segmentation_miou(train_f, train_m, val_f, val_m, num_classes, steps, seed=0):
-    """Pixel mIoU of a linear probe on patch features (N, h, w, d) fit to majority patch labels, logits upsampled."""
-    grid, d = train_f.shape[1], train_f.shape[-1]
-    labels = patch_labels(train_m, grid, num_classes).flatten()
-    predictor = train_linear(train_f.reshape(-1, d), labels, num_classes, steps, seed, batch_size=4096,
-                             ignore_index=255)
-    logits = predictor(val_f.reshape(-1, d)).view(len(val_f), grid, grid, num_classes).permute(0, 3, 1, 2)
-    pred = F.interpolate(logits, size=val_m.shape[-2:], mode="bilinear", align_corners=False).argmax(dim=1)
-    return miou(pred.flatten(), val_m.flatten(), num_classes)
-
-def pixel_patches(x_uint8, mean, std, device, patch):
-    """The normalised pixels of each patch, (N, h, w, C * patch * patch): the segmentation probe's baseline."""
-    pixels = extract_features(None, x_uint8, mean, std, device, "pixels").view(x_uint8.shape)
-    return F.pixel_unshuffle(pixels, patch).permute(0, 2, 3, 1)
-
-def evaluate_final(backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks, probe_steps, seed, device,
-                   ctx=nullcontext()):
-    """Linear and segmentation probes and their raw-pixel baselines (seg_sets None: no segmentation)."""
-    t0 = time.time()
-    res = {}
-    (xt, yt), (xv, yv) = eval_sets
-    blocks = min(linear_blocks, backbone.config.n_layer)
-    for key, model, kind in (("linear_acc", backbone, "cls"), ("linear_acc_pixels", None, "pixels")):
-        ft, fv = (extract_features(model, x, mean, std, device, kind, blocks, ctx=ctx) for x in (xt, xv))
-        res[key] = (train_linear(ft, yt, num_classes, probe_steps, seed)(fv).argmax(1) == yv).float().mean().item()
-    print0(f"linear probe (CLS of the last {blocks} blocks, {len(xt)} train / {len(xv)} val images): "
-           f"{res['linear_acc']:.4f} (raw pixels {res['linear_acc_pixels']:.4f}) | {time.time() - t0:.1f}s")
-    if seg_sets is not None:
-        t0 = time.time()
-        (st, mt, classes), (sv, mv, _) = seg_sets
-        K = len(classes)
-        patch = backbone.config.patch_size
-        ft, fv = (extract_features(backbone, x, mean, std, device, "patch", ctx=ctx) for x in (st, sv))
-        res["seg_miou"] = segmentation_miou(ft, mt, fv, mv, K, probe_steps, seed)
-        pt, pv = (pixel_patches(x, mean, std, device, patch) for x in (st, sv))  # the baseline: raw pixels per patch
-        res["seg_miou_pixels"] = segmentation_miou(pt, mt, pv, mv, K, probe_steps, seed)
-        print0(f"segmentation probe ({K} classes, {len(st)} train / {len(sv)} val images of {st.shape[-1]}px): "
-               f"mIoU {res['seg_miou']:.4f} (raw pixels {res['seg_miou_pixels']:.4f}) | {time.time() - t0:.1f}s")
-    return res
-
 # ---------------------------------------------------------------- run
 
 if __name__ == "__main__":
@@ -355,17 +232,6 @@ if __name__ == "__main__":
         raise UsageError("--resume and --eval_only exclude each other")
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype too
     common.check_compile(compile_model, common.resolve_device(device))
-    if not eval_only:  # the model settings, before any data is loaded
-        patch = common.config_from_options(config, "vit", img_size=global_size, num_classes=0).patch_size
-        for key in ["local_size"] * (local_crops > 0) + ["seg_size"] * (seg_dataset != "none"):  # only sizes in use
-            if config[key] % patch:
-                raise UsageError(f"--{key}={config[key]} is not a multiple of the patch size {patch}")
-        procs = int(os.environ.get("WORLD_SIZE", cpu_procs if common.resolve_device(device) == "cpu" else 1))
-        if batch_size % procs:
-            raise UsageError(f"--batch_size={batch_size} is not divisible by the {procs} processes")
-        if ckpt is not None and ckpt.get("kind") == "dino" and len(ckpt["rng"]) != procs:  # each one's RNG is saved
-            raise UsageError(f"--resume: {out_dir}/ckpt.pt was written by {len(ckpt['rng'])} process(es), this run has "
-                             f"{procs}; resume with as many (--cpu_procs=N on a CPU, or torchrun --nproc_per_node=N)")
 
     # ---- eval_only: probe a checkpoint's backbone (DINO teacher or supervised ViT) on the data it was trained on
     if eval_only:
@@ -377,71 +243,78 @@ if __name__ == "__main__":
         trained = {**config, **ckpt.get("config", {})}  # the data it was trained on
         data = (images.imagefolder_squares(trained["data_dir"], trained["imagefolder_base"])
                 if trained["dataset"] == "imagefolder" else images.load_images(trained["dataset"], trained["data_dir"]))
-        mean = data["mean"]
-        std = data["std"]
-        K = data["num_classes"]
         eval_sets = [images.load_eval_images(data, s, n, backbone.config.img_size, num_workers)
                      for s, n in (("train", eval_train), ("val", eval_val))]
         seg_sets = None if seg_dataset == "none" else [
             images.load_segmentation(seg_dataset, trained["data_dir"], s, n, seg_size, backbone.config.in_chans)
             for s, n in (("train", seg_train), ("val", seg_val))]
-        res = dict(knn_acc=knn_eval(backbone, eval_sets, mean, std, K, knn_k, knn_temp, run_device, ctx),
+        probe = dict(mean=data["mean"], std=data["std"], num_classes=data["num_classes"], device=run_device)
+        res = dict(knn_acc=probes.knn_eval(backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe),
                    knn_acc_init=ckpt.get("knn_acc_init"),  # None: not a DINO checkpoint
-                   knn_acc_pixels=knn_eval(None, eval_sets, mean, std, K, knn_k, knn_temp, run_device))
-        res.update(evaluate_final(backbone, eval_sets, seg_sets, mean, std, K, linear_blocks=linear_blocks,
-                                  probe_steps=probe_steps, seed=seed, device=run_device, ctx=ctx))
+                   knn_acc_pixels=probes.knn_eval(None, eval_sets, k=knn_k, temp=knn_temp, **probe))
+        res.update(probes.evaluate_final(backbone, eval_sets, seg_sets, linear_blocks=linear_blocks,
+                                         probe_steps=probe_steps, seed=seed, ctx=ctx, **probe))
         os.makedirs(out_dir, exist_ok=True)
-        common.write_result(out_dir, **res)
+        common.write_result(out_dir, **res, pixel_side=min(backbone.config.img_size, probes.PIXEL_SIDE))
         sys.exit(0)
 
-    rank, local_rank, world, run_device = common.start_processes(out_dir, resume, cpu_procs, device)
-    master = rank == 0
-    device_type = run_device.split(":")[0]
-    print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
-    common.on_out_of_memory(f"in the run {out_dir} at {batch_size // world} images per process, {2 + local_crops} crops "
-                            f"each: lower --batch_size or --local_crops (no gradient accumulation here: more GPUs keep "
-                            f"the global batch of {batch_size}, torchrun --nproc_per_node=N splits it)")
-    torch.manual_seed(seed)  # the same initial weights in every process
-
-    # ---- data: the crops are cut on the device
+    # ---- data and model, before the processes start (a missing dataset or a bad size fails once): uint8 tensors in
+    # memory or ImageFolders read lazily; the crops are cut on the device
     data = (images.imagefolder_squares(data_dir, imagefolder_base) if dataset == "imagefolder"
-            else images.load_images(dataset, data_dir))  # uint8 tensors in memory, or ImageFolders read lazily
+            else images.load_images(dataset, data_dir))
     x_train = data["train"] if dataset == "imagefolder" else data["train"][0]
     n_train = min(len(x_train), train_subset) if train_subset else len(x_train)
     subset = images.fixed_subset(len(x_train), train_subset) if train_subset else None
     if batch_size > n_train:
         raise UsageError(f"--batch_size={batch_size} is larger than the {n_train} training images")
     in_chans = 3 if dataset == "imagefolder" else x_train.shape[1]
+    model_config = common.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0)
+    teacher_config = replace(model_config, drop_path=0.0)  # the teacher has no drop path
+    for key in ["local_size"] * (local_crops > 0) + ["seg_size"] * (seg_dataset != "none"):  # only sizes in use
+        if config[key] % model_config.patch_size:
+            raise UsageError(f"--{key}={config[key]} is not a multiple of the patch size {model_config.patch_size}")
+    procs = int(os.environ.get("WORLD_SIZE", cpu_procs if common.resolve_device(device) == "cpu" else 1))
+    if batch_size % procs:
+        raise UsageError(f"--batch_size={batch_size} is not divisible by the {procs} processes")
+    if ckpt is not None and ckpt.get("kind") == "dino" and len(ckpt["rng"]) != procs:  # each one's RNG is saved
+        raise UsageError(f"--resume: {out_dir}/ckpt.pt was written by {len(ckpt['rng'])} process(es), this run has "
+                         f"{procs}; resume with as many (--cpu_procs=N on a CPU, or torchrun --nproc_per_node=N)")
     steps_per_epoch = n_train // batch_size
-    total_steps = max(1, round(epochs * steps_per_epoch))
-    if ckpt is not None and ckpt["step"] >= total_steps:  # leave a finished run as it is (every process stops here)
-        common.finished_run(config, ckpt["step"], total_steps, "epochs", 2 * epochs)
+    max_iters = max(1, round(epochs * steps_per_epoch))
+    if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
+        common.finished_run(out_dir, ckpt["step"], max_iters, "epochs")
+    rank, local_rank, world, run_device = common.start_processes(
+        out_dir, resume, cpu_procs, device, oom_advice=f"in the run {out_dir} at {batch_size} images per step, "
+        f"{2 + local_crops} crops each: lower --batch_size or --local_crops (no gradient accumulation here)")
+    master = rank == 0
+    device_type = run_device.split(":")[0]
+    print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
+    torch.manual_seed(seed)  # the same initial weights in every process
+    # the first process alone evaluates: it alone reads the evaluation images (seg_sets now: they fail before training)
     eval_sets = [images.load_eval_images(data, s, n, global_size, num_workers) for s, n in (("train", eval_train),
-                                                                                                 ("val", eval_val))]
-    seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, seg_size, in_chans)  # now: fail before training
+                 ("val", eval_val))] if master else None
+    seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, seg_size, in_chans)
                 for s, n in (("train", seg_train), ("val", seg_val))] if master and seg_dataset != "none" else None
     multicrop = augment.MultiCrop(config, in_chans, data["mean"], data["std"])
-    mean = data["mean"]
-    std = data["std"]
-    num_classes = data["num_classes"]
+    probe = dict(mean=data["mean"], std=data["std"], num_classes=data["num_classes"], device=run_device)
 
     # ---- student and teacher: the same ViT + DINO head; the teacher has no drop path and learns only by EMA
-    s_cfg = common.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0)
-    t_cfg = common.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0,
-                                        drop_path=0.0)
-    student = DINO(nanolap.ViT(s_cfg), nanolap.DINOHead(s_cfg.n_embd, out_dim, head_hidden, head_bottleneck,
-                                                         norm_last_layer=norm_last_layer)).to(run_device)
-    teacher = DINO(nanolap.ViT(t_cfg), nanolap.DINOHead(t_cfg.n_embd, out_dim, head_hidden, head_bottleneck,
-                                                         norm_last_layer=norm_last_layer)).to(run_device)
+    student = DINO(nanolap.ViT(model_config), nanolap.DINOHead(model_config.n_embd, out_dim, head_hidden,
+                                                               head_bottleneck, norm_last_layer=norm_last_layer))
+    teacher = DINO(nanolap.ViT(teacher_config), nanolap.DINOHead(model_config.n_embd, out_dim, head_hidden,
+                                                                 head_bottleneck, norm_last_layer=norm_last_layer))
+    student.to(run_device)
+    teacher.to(run_device)
     teacher.load_state_dict(student.state_dict())  # the same start
     teacher.requires_grad_(False).eval()
     center = torch.zeros(1, out_dim, device=run_device)
-    print0(f"backbone: {s_cfg.n_layer} layers, {s_cfg.n_head} heads, {s_cfg.lap_schedule()} Laplacian, d={s_cfg.n_embd}, "
-           f"patch {s_cfg.patch_size}, {student.backbone.num_params():,} params; DINO head with {out_dim} prototypes; "
-           f"{n_train} images, {total_steps} steps; " + (f"{local_crops} local crops" if local_crops else "no local crops")
+    print0(f"backbone: {model_config.n_layer} layers, {model_config.n_head} heads, {model_config.lap_schedule()} "
+           f"Laplacian, d={model_config.n_embd}, patch {model_config.patch_size}, {student.backbone.num_params():,} params; "
+           f"DINO head with {out_dim} prototypes; {n_train} images, {max_iters} steps; "
+           + (f"{local_crops} local crops" if local_crops else "no local crops")
            + f"; {run_device}, {common.dtype_words(amp_dtype)}")
 
-    # ---- optimiser (and the state of a resumed run)
+    # ---- optimizer (and the state of a resumed run)
     optimizer = torch.optim.AdamW(param_groups(student), lr=0.0, fused=device_type in ("cuda", "cpu"))
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
     ckpt_path = os.path.join(out_dir, common.CHECKPOINT)
@@ -450,7 +323,7 @@ if __name__ == "__main__":
     start_step = 0
     knn_init = None
     if ckpt is not None:
-        common.check_resume(ckpt, "dino", t_cfg)
+        common.check_resume(ckpt, "dino", teacher_config)
         student.load_state_dict(common.clean_state_dict(ckpt["student"]))
         teacher.load_state_dict(common.clean_state_dict(ckpt["teacher"]))
         center = ckpt["center"].to(run_device)
@@ -460,22 +333,21 @@ if __name__ == "__main__":
         knn_init = ckpt.get("knn_acc_init")
         common.set_rng_state(ckpt["rng"][rank])
         print0(f"resumed from {ckpt_path} at step {start_step}")
-    end_step = stop_at_step if start_step < stop_at_step < total_steps else total_steps  # a resume runs past its stop
+    end_step = stop_at_step if start_step < stop_at_step < max_iters else max_iters  # a resume runs past its stop
     if compile_model:  # the backbones: the DINO wrapper concatenates crops of several sizes
         student.backbone = torch.compile(student.backbone)
         teacher.backbone = torch.compile(teacher.backbone)
     ddp_student = DDP(student, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else student
     lr_peak = lr * batch_size / 256  # DINO's linear scaling rule
-    warmup_steps = round(warmup_epochs * steps_per_epoch)
-    temp_warmup_steps = round(warmup_teacher_temp_epochs * steps_per_epoch)
+    warmup_iters = round(warmup_epochs * steps_per_epoch)
+    temp_warmup_iters = round(warmup_teacher_temp_epochs * steps_per_epoch)
 
     # ---- training loop
-    pixels_knn = knn_eval(None, eval_sets, mean, std, num_classes, knn_k, knn_temp, run_device) if master else None
+    pixels_knn = probes.knn_eval(None, eval_sets, k=knn_k, temp=knn_temp, **probe) if master else None
     t_start = t_last = time.time()
     step = start_step
     batches = None
     images_seen = 0  # the log window: since the last progress line
-    unread = []  # this window's losses, still on the device
     loss_sum = 0.0
     n_loss = 0
     knn_acc = None
@@ -486,7 +358,7 @@ if __name__ == "__main__":
         if (step % eval_interval == 0 or step == end_step) and not (ckpt is not None and step == start_step):
             t0 = time.time()
             if master:  # k-NN of the teacher backbone, then a checkpoint with every process's random state
-                knn_acc = knn_eval(teacher.backbone, eval_sets, mean, std, num_classes, knn_k, knn_temp, run_device, ctx)
+                knn_acc = probes.knn_eval(teacher.backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
                 knn_init = knn_acc if step == 0 else knn_init
                 common.append_jsonl(log_path, dict(
                     step=step, epoch=round(step / steps_per_epoch, 4), knn_acc=knn_acc, knn_acc_pixels=pixels_knn,
@@ -498,8 +370,9 @@ if __name__ == "__main__":
                 dist.all_gather_object(rngs, common.rng_state())
             if master:
                 common.save_checkpoint(dict(  # the contract analyze.py reads: kind, model_config, model, config
-                    kind="dino", model_config=asdict(t_cfg), model=common.clean_state_dict(teacher.backbone.state_dict()),
-                    config=config, student=common.clean_state_dict(student.state_dict()),
+                    kind="dino", model_config=asdict(teacher_config),
+                    model=common.clean_state_dict(teacher.backbone.state_dict()), config=config,
+                    student=common.clean_state_dict(student.state_dict()),
                     teacher=common.clean_state_dict(teacher.state_dict()), center=center.cpu(), step=step,
                     optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=step / steps_per_epoch,
                     rng=rngs, knn_acc_init=knn_init), ckpt_path)
@@ -508,24 +381,26 @@ if __name__ == "__main__":
             break
 
         epoch = step // steps_per_epoch  # schedules: functions of the step
-        lr_step = common.cosine_schedule(step, total_steps, lr_peak, min_lr, warmup_steps)
-        wd_step = common.cosine_schedule(step, total_steps, weight_decay, weight_decay_end)
-        momentum = common.cosine_schedule(step, total_steps, momentum_teacher, 1.0)
-        t_temp = common.cosine_schedule(step, total_steps, teacher_temp, teacher_temp, temp_warmup_steps,
-                                         warmup_teacher_temp)
-        optimizer.param_groups[0].update(lr=lr_step, weight_decay=wd_step)  # weights
-        optimizer.param_groups[1].update(lr=lr_step)  # biases and norms: no weight decay
         if batches is None or step % steps_per_epoch == 0:
-            batches = epoch_batches(x_train, subset, n_train, batch_size, step, seed, rank, world, num_workers,
-                                    pin_memory=device_type == "cuda")
+            batches = epoch_batches(x_train, subset, n_train, batch_size=batch_size, step=step, seed=seed, rank=rank,
+                                    world=world, num_workers=num_workers, pin_memory=device_type == "cuda")
         batch = next(batches).to(run_device, non_blocking=True)
         torch.manual_seed(common.step_seed(seed, step, rank))  # crops and drop path: resume is exact
         crops = multicrop(batch, torch.default_generator)  # [global (2B, C, G, G), local (nB, C, L, L)]
+        lr_step = common.cosine_schedule(step, max_iters, lr_peak, min_lr, warmup=warmup_iters)
+        wd_step = common.cosine_schedule(step, max_iters, weight_decay, weight_decay_end)
+        momentum = common.cosine_schedule(step, max_iters, momentum_teacher, 1.0)
+        t_temp = common.cosine_schedule(step, max_iters, teacher_temp, teacher_temp, warmup=temp_warmup_iters,
+                                        warmup_start=warmup_teacher_temp)
+        optimizer.param_groups[0].update(lr=lr_step, weight_decay=wd_step)  # weights
+        optimizer.param_groups[1].update(lr=lr_step)  # biases and norms: no weight decay
         with ctx:
             with torch.no_grad():
                 teacher_out = teacher(crops[:1]).float()  # only the global crops go through the teacher
             student_out = ddp_student(crops).float()  # ((2 + n) * B, out_dim)
         loss = dino_loss(student_out, teacher_out, center, student_temp, t_temp)
+        last_loss = loss.item()  # every process has the whole batch's loss from its own share: read before the step
+        common.check_finite(last_loss, step)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
@@ -538,31 +413,18 @@ if __name__ == "__main__":
         if (step + 1) % log_interval == 0 or step + 1 == end_step:
             t_std, t_ent = teacher_stats(teacher_out, center, t_temp)
         center = update_center(center, teacher_out, center_momentum, run_device)
-
         step += 1
         images_seen += batch_size
-        # the losses stay on the device until a progress line or an evaluation needs them: reading one every step
-        # would make the host wait for the GPU every step. Read before each checkpoint, a non-finite loss still stops
-        # the run with its last checkpoint intact.
-        unread.append(loss.detach())
-        if step % log_interval == 0 or step == end_step or step % eval_interval == 0:
-            read = torch.stack(unread).tolist()
-            unread.clear()
-            bad = next((i for i, value in enumerate(read) if not math.isfinite(value)), None)
-            if bad is not None:
-                raise FloatingPointError(f"non-finite loss {read[bad]} at step {step - len(read) + bad}: stopping at step "
-                                         f"{step}; the last checkpoint is intact. Try a lower lr or --grad_clip.")
-            for value in read:
-                loss_sum += value
-                n_loss += 1
-            last_loss = read[-1]
+        loss_sum += last_loss
+        n_loss += 1
+
         if step % log_interval == 0 or step == end_step:
             ips = images_seen / max(time.time() - t_last, 1e-9)
-            print0(f"step {step}/{total_steps} | ep {step / steps_per_epoch:.2f} | loss {loss_sum / n_loss:.4f} | "
+            print0(f"step {step}/{max_iters} | ep {step / steps_per_epoch:.2f} | loss {loss_sum / n_loss:.4f} | "
                    f"lr {lr_step:.2e} | wd {wd_step:.3f} | mom {momentum:.5f} | t_temp {t_temp:.4f} | t_std {t_std:.4f} | "
                    f"t_ent {t_ent:.3f} | {ips:.0f} img/s | "
                    f"ETA {common.format_time((end_step - step) * batch_size / max(ips, 1e-9))}")
-            if t_std < collapse_std and step > warmup_steps:
+            if t_std < collapse_std and step > warmup_iters:
                 print0(f"warning: the teacher's outputs barely differ across images (std {t_std:.2e} < "
                        f"{collapse_std}): DINO may be collapsing. t_ent near 0: one prototype for every image (centre more: "
                        f"center_momentum < 1, higher teacher_temp); near 1: a uniform teacher (lower teacher_temp). "
@@ -572,17 +434,15 @@ if __name__ == "__main__":
             loss_sum = 0.0
             n_loss = 0
 
-    # ---- final probes and the RESULT line
-    if world > 1:
-        common.print_param_checksum([*student.parameters(), *teacher.parameters()], rank, world)
-    stopped = end_step < total_steps  # by --stop_at_step
-    if stopped:
-        print0(f"stopped at step {end_step} of {total_steps} (--stop_at_step); continue with --resume --out_dir={out_dir}")
+    # ---- the end: the processes part, then the first one alone runs the final probes (no process waits for it)
+    common.teardown_distributed()
+    if end_step < max_iters:  # stopped by --stop_at_step
+        print0(f"stopped at step {end_step} of {max_iters} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
-        probes = evaluate_final(teacher.backbone, eval_sets, seg_sets, mean, std, num_classes, linear_blocks=linear_blocks,
-                                probe_steps=probe_steps, seed=seed, device=run_device, ctx=ctx)
-        res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn, **probes)
+        res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn)
+        res.update(probes.evaluate_final(teacher.backbone, eval_sets, seg_sets, linear_blocks=linear_blocks,
+                                         probe_steps=probe_steps, seed=seed, ctx=ctx, **probe))
         common.append_jsonl(log_path, dict(step=end_step, **res, machine=machine))
         common.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,
-                             steps=end_step, seconds=round(time.time() - t_start), **res, machine=machine)
-    common.teardown_distributed()
+                            steps=end_step, seconds=round(time.time() - t_start), **res,
+                            pixel_side=min(global_size, probes.PIXEL_SIDE), machine=machine)

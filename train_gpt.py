@@ -45,6 +45,7 @@ import common
 import nanolap
 from common import UsageError, print0
 from data import text
+from optim import Muon, optimizer_step
 
 # ---------------------------------------------------------------- defaults
 # I/O
@@ -100,13 +101,12 @@ top_k = 200  # sample among the k most likely tokens; 0 = no top-k filter
 # ---------------------------------------------------------------- helpers
 
 @torch.no_grad()
-def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, device, ctx=nullcontext(),
-             rank=0, world_size=1):
+def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, device, ctx=nullcontext(), rank=0, world=1):
     """(loss, bits per byte) on n_windows windows spread evenly over `tokens`: the same windows at every evaluation
     and in every run. loss = mean nats per predicted token; bits per byte = sum of nats / (ln 2 * sum of UTF-8 bytes)
     over the predicted tokens that stand for text (token_bytes > 0). token_bytes: (vocab,) int64 tensor on device.
-    With several processes each takes every world_size-th window and the sums are added up."""
-    starts = np.linspace(0, len(tokens) - block_size - 1, n_windows).astype(np.int64)[rank::world_size]
+    With several processes each takes every world-th window and the sums are added up."""
+    starts = np.linspace(0, len(tokens) - block_size - 1, n_windows).astype(np.int64)[rank::world]
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # nats, tokens, nats of text tokens, bytes
     for i in range(0, len(starts), batch_size):
         x, y = text.windows(tokens, starts[i:i + batch_size], block_size, device)
@@ -116,70 +116,17 @@ def evaluate(model, tokens, token_bytes, block_size, n_windows, batch_size, devi
         nbytes = token_bytes[y.flatten()]
         sums += torch.stack([nats.sum(), torch.tensor(nats.numel(), device=device),
                              (nats * (nbytes > 0)).sum(), nbytes.sum()]).double()
-    if world_size > 1:
-        torch.distributed.all_reduce(sums)
+    if world > 1:
+        dist.all_reduce(sums)
     nats, count, text_nats, nbytes = sums.tolist()
     return nats / count, text_nats / (math.log(2) * nbytes) if nbytes else float("nan")
 
 def train_batch(tokens, seed, step, chunk, batch_size, block_size, device):
     """Chunk `chunk` (batch_size sequences) of step `step`'s global batch, cut from the step's one stream of random
     windows (text.get_batch's index 0): 1 process x 16 sequences, 2 x 8 and 2 micro-steps x 8 train on the same."""
-    x, y = text.get_batch(tokens, seed, step, 0, (chunk + 1) * batch_size, block_size, "cpu")  # ((chunk + 1) * B, T)
+    x, y = text.get_batch(tokens, seed=seed, step=step, index=0, batch_size=(chunk + 1) * batch_size,
+                          block_size=block_size, device="cpu")  # ((chunk + 1) * B, T)
     return x[chunk * batch_size:].to(device), y[chunk * batch_size:].to(device)  # (B, T)
-
-def orthogonalize(G, steps=5, eps=1e-7, dtype=torch.float32):
-    """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, for each
-    matrix of a stack G (..., rows, cols), with the quintic coefficients of Keller Jordan's Muon (also
-    torch.optim.Muon's): fast, and the singular values end spread around 1, which does not hurt training.
-    dtype: bfloat16 where the GPU has bfloat16 tensor cores, else float32 (the safe choice: float16's small range
-    risks overflow and underflow in the iteration's products)."""
-    a = 3.4445  # the quintic's coefficients, one polynomial
-    b = -4.7750
-    c = 2.0315
-    X = G.to(dtype)
-    if X.size(-2) > X.size(-1):
-        X = X.mT
-    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
-    for _ in range(steps):
-        A = X @ X.mT
-        X = a * X + (b * A + c * A @ A) @ X
-    return (X.mT if G.size(-2) > G.size(-1) else X).to(G.dtype)
-
-class Muon(torch.optim.Optimizer):
-    """MomentUm Orthogonalized by Newton-Schulz (Jordan et al. 2024), for 2-D weight matrices: SGD with
-    Nesterov momentum whose update is orthogonalised, scaled by sqrt(max(1, rows / cols)). The same
-    update as torch.optim.Muon, which however always orthogonalises in bfloat16. A group with blocks=n
-    holds matrices of n stacked blocks of equal height, blocks=[rows, ...] of blocks of these heights (the fused
-    qkv: q, k, v; k and v are shorter with grouped-query attention), each updated as a matrix of its own."""
-
-    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.0, ns_steps=5, blocks=1, ns_dtype=torch.float32):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps, blocks=blocks))
-        self.ns_dtype = ns_dtype  # the Newton-Schulz iteration's dtype (orthogonalize)
-
-    @torch.no_grad()
-    def step(self):
-        """One step. In a process group the processes share the Newton-Schulz work, as nanochat's DistMuon does:
-        every process updates every momentum buffer (cheap), process r orthogonalises and applies every world-th
-        matrix's update and sends the new matrix to the others, so each holds the whole state and the numbers are
-        those of one process."""
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        rank = dist.get_rank() if world > 1 else 0
-        params = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
-        for i, (group, p) in enumerate(params):
-            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-            buf.lerp_(p.grad, 1 - group["momentum"])
-            if i % world != rank:
-                continue
-            g = p.grad.lerp(buf, group["momentum"])  # Nesterov
-            rows = group["blocks"] if isinstance(group["blocks"], list) else p.size(0) // group["blocks"]
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-            for block, update in zip(p.split(rows), g.split(rows)):  # views of p: each block moves on its own
-                scale = max(1.0, update.size(0) / update.size(1)) ** 0.5
-                block.add_(orthogonalize(update, group["ns_steps"], dtype=self.ns_dtype), alpha=-group["lr"] * scale)
-        if world > 1:
-            handles = [dist.broadcast(p, src=i % world, async_op=True) for i, (_, p) in enumerate(params)]
-            for handle in handles:
-                handle.wait()
 
 def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas):
     """nanochat (kind 'muon'): Muon for the 2-D matrices inside the blocks, AdamW for the embedding and
@@ -195,8 +142,9 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         # q, k and v as three matrices, as nanochat's c_q, c_k, c_v (the uniform graph: v alone); qkv_rows: their heights
         qkv = [block.attn.qkv.weight for block in model.blocks]
         matrices = [p for n, p in model.blocks.named_parameters() if p.ndim == 2 and not n.endswith("qkv.weight")]
-        embedding, head = [model.wte.weight], [model.lm_head.weight]
-        assert len(matrices) + len(qkv) + 2 == len(list(model.parameters())), "every parameter needs an optimiser"
+        embedding = [model.wte.weight]
+        head = [model.lm_head.weight]
+        assert len(matrices) + len(qkv) + 2 == len(list(model.parameters())), "every parameter needs an optimizer"
         scale = (model.config.n_embd / 768) ** -0.5
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
@@ -207,20 +155,6 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]
     return optimizers
-
-def optimizer_step(optimizers, scaler, params, grad_clip, step):
-    """Clip the gradients of params and step every optimiser. With float16 the loss was scaled (a GradScaler): every
-    optimiser's gradients are unscaled first (the clip needs their true norm), each optimiser then steps unless its
-    gradients overflowed, and the scale is updated once. Without float16 the scaler does nothing."""
-    for optimizer in optimizers:
-        scaler.unscale_(optimizer)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf))
-    if not math.isfinite(grad_norm) and not scaler.is_enabled():  # the norm is global: every process stops here
-        raise FloatingPointError(f"non-finite gradient norm at step {step}: stopped before the optimiser "
-                                 f"step; the last checkpoint is intact. Try a lower learning rate.")
-    for optimizer in optimizers:
-        scaler.step(optimizer)  # float16: skipped (and the scale lowered) when its gradients overflowed
-    scaler.update()
 
 def get_lr_multiplier(step, max_iters, warmup_iters, warmdown_frac, final_lr_frac):
     """Linear warm-up, constant, then a linear warm-down over the last warmdown_frac of the schedule
@@ -270,30 +204,32 @@ if __name__ == "__main__":
     config, ckpt = common.configure(globals(), schedule=("max_iters", "warmup_iters", "warmdown_frac"))
     # ---- validation: every mistake in the options fails here, in one line, before any work
     common.check_options(config, at_least={
-        1: ("max_iters", "eval_interval", "eval_iters", "log_interval", "block_size", "batch_size", "num_samples"),
+        1: ("max_iters", "eval_interval", "eval_iters", "log_interval", "block_size", "batch_size", "num_samples",
+            "cpu_procs"),
         0: ("stop_at_step", "warmup_iters", "total_batch_size", "seed", "max_new_tokens", "top_k", "temperature",
             "grad_clip", "weight_decay")},
         fractions=("warmdown_frac", "final_lr_frac"),
         choices=dict(optimizer_name=("muon", "adamw")))
-    if not sample_from:
-        common.config_from_options(config, "gpt")  # a bad model (n_lap > n_head, ...) fails before any data is read
+    if sample_from:  # only sample a checkpoint: no data, no training
+        sample_checkpoint(sample_from, common.resolve_device(device), prompt, num_samples, max_new_tokens, temperature,
+                          top_k, seed)
+        raise SystemExit(0)
     if ckpt is not None and block_size > ckpt["model_config"]["block_size"]:
         raise UsageError(f"--block_size={block_size} is larger than the model's block_size="
                          f"{ckpt['model_config']['block_size']} (its rotary embeddings end there)")
-    if sample_from:  # only sample a checkpoint: no data, no training
-        sample_checkpoint(sample_from, common.resolve_device(device), prompt, num_samples, max_new_tokens,
-                          temperature, top_k, seed)
-        raise SystemExit(0)
-    common.amp_dtype(common.resolve_device(device), dtype)  # a bad --device or --dtype fails before out_dir is touched
     common.check_compile(compile_model, common.resolve_device(device))
+    ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
+    meta = text.load_meta(data_dir, dataset)  # the vocabulary: a missing dataset fails before out_dir is touched
+    model_config = common.config_from_options(config, "gpt", vocab_size=text.model_vocab_size(meta["vocab_size"]))
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
-        common.finished_run(config, ckpt["step"], max_iters, "max_iters", 2 * max_iters)
-    rank, local_rank, world, run_device = common.start_processes(out_dir, resume, cpu_procs, device)
+        common.finished_run(out_dir, ckpt["step"], max_iters, "max_iters")
+    rank, local_rank, world, run_device = common.start_processes(
+        out_dir, resume, cpu_procs, device, oom_advice=f"in the run {out_dir} at {batch_size} sequences of {block_size} "
+        f"tokens per process and micro-step: lower --batch_size (--total_batch_size keeps the global batch)")
     master = rank == 0
     torch.manual_seed(seed)
 
     # ---- data: flat uint16 token files (data/text.py); bytes per token for bits per byte
-    meta = text.load_meta(data_dir, dataset)
     train_tokens = text.load_tokens(data_dir, dataset, "train")
     val_tokens = text.load_tokens(data_dir, dataset, "val")
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):
@@ -301,29 +237,25 @@ if __name__ == "__main__":
             raise UsageError(f"the {split} split of {dataset} has {len(tokens)} tokens, too few for "
                              f"--block_size={block_size} (needs more than block_size + 1): lower --block_size")
     tokenizer = text.get_tokenizer(meta)
-    vocab_size = text.model_vocab_size(meta["vocab_size"])
-    token_bytes = torch.tensor(tokenizer.token_bytes + [0] * (vocab_size - meta["vocab_size"]), device=run_device)
+    padding = [0] * (model_config.vocab_size - meta["vocab_size"])  # the padded vocabulary's rows stand for no text
+    token_bytes = torch.tensor(tokenizer.token_bytes + padding, device=run_device)
     tokens_per_batch = batch_size * block_size * world
     total = total_batch_size or tokens_per_batch
     if total % tokens_per_batch:
         raise UsageError(f"--total_batch_size={total} is not a multiple of batch_size x block_size x processes = "
                          f"{batch_size} x {block_size} x {world} = {tokens_per_batch}")
     grad_accum = total // tokens_per_batch
-    common.on_out_of_memory(f"in the run {out_dir} at {batch_size} sequences of {block_size} tokens per process and "
-                            f"micro-step: lower --batch_size; --total_batch_size={total} keeps the global batch")
 
-    # ---- model and optimisers (a resumed run restores both, its random state and its clock)
-    model_cfg = common.config_from_options(config, "gpt", vocab_size=vocab_size)
-    raw_model = nanolap.build_model(model_cfg).to(run_device)
-    optimizers = build_optimizers(raw_model, optimizer_name, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay,
-                                  (beta1, beta2))
-    ctx, amp_dtype = common.autocast(run_device, dtype)
+    # ---- model and optimizers (a resumed run restores both, its random state and its clock)
+    raw_model = nanolap.build_model(model_config).to(run_device)
+    optimizers = build_optimizers(raw_model, kind=optimizer_name, lr=lr, matrix_lr=matrix_lr, embedding_lr=embedding_lr,
+                                  unembedding_lr=unembedding_lr, weight_decay=weight_decay, betas=(beta1, beta2))
     scaler = torch.amp.GradScaler(run_device.split(":")[0], enabled=amp_dtype == torch.float16)  # float16 only
     step = 0
     best_val_loss = float("inf")
     time_before = 0.0  # training time of earlier runs
     if ckpt is not None:
-        common.check_resume(ckpt, "gpt", model_cfg)
+        common.check_resume(ckpt, "gpt", model_config)
         raw_model.load_state_dict(common.clean_state_dict(ckpt["model"]))
         for optimizer, state in zip(optimizers, ckpt["optimizer"]):
             hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
@@ -343,8 +275,8 @@ if __name__ == "__main__":
     if world > 1:
         # no buffer broadcast (a wait) before every forward: RoPE's cos/sin never change. Newer torch names the
         # option forward_sync_buffers and warns on the old broadcast_buffers
-        no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
-        ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, **{no_sync: False})
+        no_broadcast = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+        ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, **{no_broadcast: False})
     peak = common.peak_flops(run_device, dtype=amp_dtype)
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
     corpus = meta.get("corpus", "unknown")  # kept there too: losses on two corpora do not compare (prepare.py names it)
@@ -358,11 +290,11 @@ if __name__ == "__main__":
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} (corpus {corpus}, {meta['tokenizer']} tokenizer, vocab {meta['vocab_size']}), "
            f"train {len(train_tokens):,} tokens, val {len(val_tokens):,}")
-    print0(f"model: {preset}, {model_cfg.n_layer} layers, {model_cfg.n_head} heads, d={model_cfg.n_embd}, "
-           f"Laplacian heads per layer {model_cfg.lap_schedule()}, {raw_model.num_params() / 1e6:.2f}M parameters "
+    print0(f"model: {preset}, {model_config.n_layer} layers, {model_config.n_head} heads, d={model_config.n_embd}, "
+           f"Laplacian heads per layer {model_config.lap_schedule()}, {raw_model.num_params() / 1e6:.2f}M parameters "
            f"({raw_model.num_params(exclude_embedding=True) / 1e6:.2f}M without the embedding)")
     print0(f"batch: {total:,} tokens per step = {batch_size} x {block_size} tokens x {world} process(es) x "
-           f"{grad_accum} micro-step(s); {optimizer_name} optimiser; {run_device}, "
+           f"{grad_accum} micro-step(s); {optimizer_name} optimizer; {run_device}, "
            f"{common.dtype_words(amp_dtype)}{', compiled' if compile_model else ''}")
     if master and ckpt is not None:
         print(f"resumed from {ckpt_path} at step {step}")
@@ -372,7 +304,7 @@ if __name__ == "__main__":
             f.truncate(0)
             f.writelines(kept)
 
-    # ---- the loop
+    # ---- the loop: evaluate (and checkpoint) every eval_interval steps and at the end, else one optimizer step
     start_step = step
     t0 = time.time()
     metrics = {}  # the last evaluation's losses and bits per byte
@@ -383,13 +315,14 @@ if __name__ == "__main__":
     while True:
         last = step >= max_iters
         stopped = step == stop_at_step and start_step < step < max_iters
-        # evaluate every eval_interval steps and at the end (a resumed run's first step was evaluated before)
+        # a resumed run's first step was evaluated before it stopped
         evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None or last)
         if evaluating:
             model.eval()
             for split, tokens in (("val", val_tokens), ("train", train_tokens)):
                 metrics[f"{split}_loss"], metrics[f"{split}_bpb"] = evaluate(
-                    model, tokens, token_bytes, block_size, eval_iters * batch_size, batch_size, run_device, ctx, rank, world)
+                    model, tokens, token_bytes, block_size=block_size, n_windows=eval_iters * batch_size,
+                    batch_size=batch_size, device=run_device, ctx=ctx, rank=rank, world=world)
             model.train()
             best_val_loss = min(best_val_loss, metrics["val_loss"])
             print0(f"eval step {step}: val loss {metrics['val_loss']:.4f}, val bpb {metrics['val_bpb']:.4f}, "
@@ -400,7 +333,7 @@ if __name__ == "__main__":
                 common.append_jsonl(log_path, record)
         if master and step > start_step and (evaluating or stopped):
             common.save_checkpoint(dict(
-                kind="gpt", model_config=asdict(model_cfg), model=common.clean_state_dict(raw_model.state_dict()),
+                kind="gpt", model_config=asdict(model_config), model=common.clean_state_dict(raw_model.state_dict()),
                 config=config, meta={k: v for k, v in meta.items() if k != "token_bytes"},
                 optimizer=[optimizer.state_dict() for optimizer in optimizers], scaler=scaler.state_dict(),
                 step=step, rng=common.rng_state(),
@@ -408,7 +341,7 @@ if __name__ == "__main__":
         if last or stopped:
             break
 
-        # one optimiser step: learning rates and Muon momentum from the schedules, grad_accum micro-batches
+        # one optimizer step: learning rates and Muon momentum from the schedules, grad_accum micro-batches
         t_step = time.time()
         torch.manual_seed(common.step_seed(seed, step, rank))  # this step's dropout masks
         lr_mult = get_lr_multiplier(step, *schedule)
@@ -419,12 +352,13 @@ if __name__ == "__main__":
                     group["momentum"] = get_muon_momentum(step)
         loss_step = torch.zeros((), device=run_device)
         for micro in range(grad_accum):
-            x, y = train_batch(train_tokens, seed, step, micro * world + rank, batch_size, block_size, run_device)
-            sync = micro == grad_accum - 1 or world == 1  # DDP all-reduces the gradients once per step
-            with nullcontext() if sync else ddp_model.no_sync():
-                with ctx:
-                    _, loss = ddp_model(x, y)  # logits (B, T, vocab), mean cross-entropy
-                scaler.scale(loss / grad_accum).backward()
+            x, y = train_batch(train_tokens, seed=seed, step=step, chunk=micro * world + rank, batch_size=batch_size,
+                               block_size=block_size, device=run_device)
+            # DDP all-reduces the gradients in backward(); only the last micro-step of a step needs it to
+            ddp_model.require_backward_grad_sync = micro == grad_accum - 1
+            with ctx:
+                _, loss = ddp_model(x, y)  # logits (B, T, vocab), mean cross-entropy
+            scaler.scale(loss / grad_accum).backward()
             loss_step += loss.detach() / grad_accum
         loss_step = loss_step.item()  # one synchronisation per step, for the non-finite guard
         common.check_finite(loss_step, step)
@@ -451,8 +385,6 @@ if __name__ == "__main__":
             print0(f"{line} | {common.format_time(elapsed)} elapsed, eta {common.format_time(eta)}")
 
     # ---- the end: a sample and the RESULT line (or, stopped early, how to continue)
-    if world > 1:
-        common.print_param_checksum(raw_model.parameters(), rank, world)
     if stopped:
         print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
@@ -463,7 +395,7 @@ if __name__ == "__main__":
                 sample(raw_model.eval(), tokenizer, prompt, num_samples, max_new_tokens, temperature, top_k, seed, run_device)
             except UsageError as e:
                 print(f"no sample: {e}")
-        common.write_result(out_dir, n_lap=model_cfg.n_lap, params=raw_model.num_params(), seed=seed,
-                             dataset=dataset, corpus=corpus, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
-                             val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine)
+        common.write_result(out_dir, n_lap=model_config.n_lap, params=raw_model.num_params(), seed=seed,
+                            dataset=dataset, corpus=corpus, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
+                            val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine)
     common.teardown_distributed()

@@ -15,7 +15,7 @@ batch; nothing is rescaled for you. To reproduce a run on more processes keep th
 batch_size or grad_accum) and lr; for a larger global batch scale lr with it (DeiT: 5e-4 * global_batch / 512)
 and keep warmup in epochs. The data order and every random draw depend on (seed, epoch, step, chunk), never on
 how the global batch is split, so runs on 1 or N processes, and resumed runs, see the same images.
-On a CPU without torchrun, cpu_procs single-threaded processes train data-parallel: global batch
+On a CPU, plain `python train_vit.py` trains in cpu_procs single-threaded processes that torchrun starts: global batch
 batch_size * cpu_procs.
 """
 
@@ -32,6 +32,7 @@ import common
 import nanolap
 from common import UsageError, print0
 from data import augment, images
+from optim import optimizer_step
 
 # ----------------------------------------------------------------------------- defaults
 # I/O
@@ -74,7 +75,6 @@ cutmix = 0.0  # cutmix alpha (DeiT-III: 1.0); with both on, each batch uses one 
 label_smoothing = 0.1  # soften the targets: a confident ViT generalises worse
 bce_loss = False  # DeiT-III: binary cross-entropy per class, on the same (mixed, smoothed) targets
 # optimisation
-optimizer_name = "adamw"  # adamw | lamb (LAMB's per-layer trust ratio is for very large batches)
 epochs = 18  # the cosine schedule spans them all; fixed on --resume (use --stop_at_step to stop early)
 batch_size = 128  # per process and micro-step; global batch = batch_size * grad_accum * processes
 grad_accum = 1  # micro-steps per optimizer step: a large global batch on few devices
@@ -89,7 +89,7 @@ grad_clip = 1.0  # clip the global gradient norm, a guard against loss spikes; 0
 device = "auto"  # auto (cuda > mps > cpu; torchrun: one GPU per process) | cpu | cuda | cuda:N | mps
 dtype = "auto"  # auto: bfloat16 on GPUs from Ampere on, float16 (grad scaler) on older ones, float32 on CPU/MPS
 compile_model = False  # torch.compile the model: faster on a GPU after a warm-up of a minute or so
-cpu_procs = 2  # CPU without torchrun: data-parallel single-threaded processes; 1 = this one
+cpu_procs = 2  # CPU: data-parallel single-threaded processes, started by torchrun; 1 = this one
 cpu_threads = 1  # torch threads per process on a CPU; 0 = torch's default (one per core)
 seed = 0  # initial weights, data order, augmentation and drop-path all follow from it
 
@@ -134,54 +134,14 @@ def compute_loss(logits, y, label_smoothing=0.0, bce=False):
     return -(t * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 
-class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes").
-    Per tensor: u = m_hat / (sqrt(v_hat) + eps) + wd * w (Adam with decoupled weight decay), then
-    w <- w - lr * (|w| / |u|) * u. The trust ratio |w| / |u| makes every layer move by about lr times its
-    own norm, which is what lets DeiT-III train at batch 2048. Like timm, tensors without weight decay
-    (biases, norms, embeddings) take the plain Adam step (trust ratio 1), and a zero norm means ratio 1."""
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            wd = group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-                state["step"] += 1
-                t = state["step"]
-                m = state["exp_avg"]
-                v = state["exp_avg_sq"]
-                m.lerp_(p.grad, 1 - beta1)
-                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                update = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + group["eps"])
-                if wd:
-                    update.add_(p, alpha=wd)
-                    w_norm, u_norm = p.norm(), update.norm()
-                    trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                    update.mul_(trust)
-                p.add_(update, alpha=-group["lr"])
-
-
-def make_optimizer(model, name, lr, weight_decay, betas, device):
-    """AdamW or LAMB (name 'adamw' | 'lamb'); weight decay on weight matrices only, as in DeiT (not on biases,
-    norms, the position embedding or the CLS token)."""
+def make_optimizer(model, lr, weight_decay, betas, device):
+    """AdamW with weight decay on weight matrices only, as in DeiT (not on biases, norms, the position embedding or
+    the CLS token); the fused kernel: one pass over all parameters instead of a loop over them."""
     decay, no_decay = [], []
-    for pname, p in model.named_parameters():
+    for name, p in model.named_parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 and pname not in ("pos_embed", "cls_token") else no_decay).append(p)
+            (decay if p.ndim >= 2 and name not in ("pos_embed", "cls_token") else no_decay).append(p)
     groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
-    assert name in ("adamw", "lamb"), name
-    if name == "lamb":
-        return Lamb(groups, lr=lr, betas=betas)
-    # the fused kernel: one pass over all parameters instead of a loop over them
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=torch.device(device).type in ("cuda", "cpu"))
 
 
@@ -246,31 +206,20 @@ if __name__ == "__main__":
     config, ckpt = common.configure(globals(), schedule=("epochs", "warmup_epochs"))
     t_start = time.time()
     common.check_options(config, at_least={
-        1: ("epochs", "batch_size", "grad_accum", "log_interval"),
+        1: ("epochs", "batch_size", "grad_accum", "log_interval", "cpu_procs"),
         0: ("train_subset", "val_subset", "img_size", "crop_padding", "rand_augment", "ckpt_interval", "stop_at_step",
             "num_workers", "cpu_threads")},
         fractions=("random_erasing",),
-        choices=dict(optimizer_name=("adamw", "lamb"), dataset=images.DATASETS + ("imagefolder",)))
-
-    ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
+        choices=dict(dataset=images.DATASETS + ("imagefolder",)))
     common.check_compile(compile_model, common.resolve_device(device))
-    # the model options (n_lap <= n_head, ...) before out_dir and the data; the image size once the data are read
-    patch = patch_size if isinstance(patch_size, int) else nanolap.PRESETS.get(preset, {}).get("patch_size", 1)
-    common.config_from_options(config, "vit", img_size=img_size or max(patch, 1))
-    if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
-        common.finished_run(config, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs", 2 * epochs)
-    rank, local_rank, world, run_device = common.start_processes(out_dir, resume, cpu_procs, device)
-    master = rank == 0
-    device_type = run_device.split(":")[0]
-    if device_type == "cpu" and cpu_threads:
-        torch.set_num_threads(cpu_threads)
+    ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
 
-    # ---- data: small datasets live on the device as uint8; folders are decoded by DataLoader workers
-    crop_on_device = dataset != "imagefolder"  # an image folder's DataLoader workers crop and flip instead
+    # ---- data, read before the processes start (a missing dataset fails once): small datasets as uint8 tensors,
+    # moved to the device below; image folders are decoded by DataLoader workers, which also crop and flip
     if dataset == "imagefolder":
         resolution = img_size or 224  # the model's image side
-        train_set, val_set = images.imagefolder_datasets(data_dir, resolution, hflip, rand_augment, rand_magnitude,
-                                                         simple_random_crop)
+        train_set, val_set = images.imagefolder_datasets(data_dir, resolution, hflip=hflip, rand_augment=rand_augment,
+                                                         rand_magnitude=rand_magnitude, simple_random_crop=simple_random_crop)
         # --train_subset/--val_subset: a fixed random subset (the folders are sorted by class)
         train_data = torch.utils.data.Subset(train_set, images.fixed_subset(len(train_set), train_subset).tolist())
         val_data = torch.utils.data.Subset(val_set, images.fixed_subset(len(val_set), val_subset).tolist())
@@ -283,8 +232,8 @@ if __name__ == "__main__":
     else:
         data = images.load_images(dataset, data_dir)
         (train_x, train_y), (val_x, val_y) = data["train"], data["val"]
-        train_data = (train_x[:train_subset or None].to(run_device), train_y[:train_subset or None].to(run_device))
-        val_data = (val_x[:val_subset or None].to(run_device), val_y[:val_subset or None].to(run_device))
+        train_data = (train_x[:train_subset or None], train_y[:train_subset or None])
+        val_data = (val_x[:val_subset or None], val_y[:val_subset or None])
         n_train = len(train_data[1])
         n_val = len(val_data[1])
         resolution = img_size or train_x.shape[-1]  # the model's image side
@@ -292,25 +241,34 @@ if __name__ == "__main__":
         in_chans = train_x.shape[1]
         mean = data["mean"]
         std = data["std"]
-    num_classes = len(classes)
+    model_config = common.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
+                                              num_classes=len(classes))
+    if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
+        common.finished_run(out_dir, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs")
+    rank, local_rank, world, run_device = common.start_processes(
+        out_dir, resume, cpu_procs, device, oom_advice=f"in the run {out_dir} at {batch_size} images per process and "
+        f"micro-step: lower --batch_size and raise --grad_accum as much to keep the global batch")
+    master = rank == 0
+    device_type = run_device.split(":")[0]
+    if device_type == "cpu" and cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    if dataset != "imagefolder":
+        train_data = tuple(t.to(run_device) for t in train_data)
+        val_data = tuple(t.to(run_device) for t in val_data)
     mean = torch.tensor(mean, device=run_device).view(1, -1, 1, 1)
     std = torch.tensor(std, device=run_device).view(1, -1, 1, 1)
     global_batch = batch_size * grad_accum * world
-    common.on_out_of_memory(f"in the run {out_dir} at {batch_size} images per process and micro-step: lower "
-                            f"--batch_size and raise --grad_accum as much to keep the global batch of {global_batch}")
     steps_per_epoch = n_train // global_batch
     if steps_per_epoch == 0:
         raise UsageError(f"the global batch ({global_batch} = batch_size * grad_accum * processes) is larger than "
                          f"the {n_train} training images; lower --batch_size")
-    max_steps = epochs * steps_per_epoch
-    warmup_steps = round(warmup_epochs * steps_per_epoch)
+    max_iters = epochs * steps_per_epoch
+    warmup_iters = round(warmup_epochs * steps_per_epoch)
 
-    # ---- model and optimiser
-    model_config = common.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
-                                              num_classes=num_classes)
+    # ---- model and optimizer
     torch.manual_seed(seed)  # the same initial weights in every process
     raw_model = nanolap.build_model(model_config).to(run_device)
-    optimizer = make_optimizer(raw_model, optimizer_name, lr, weight_decay, (beta1, beta2), run_device)
+    optimizer = make_optimizer(raw_model, lr=lr, weight_decay=weight_decay, betas=(beta1, beta2), device=run_device)
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
     step = 0
     best_acc = 0.0
@@ -333,7 +291,7 @@ if __name__ == "__main__":
     # ddp_model: model with DDP's gradient averaging around it (several processes), what the training step calls
     model = torch.compile(raw_model) if compile_model else raw_model
     ddp_model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else model
-    mixer = augment.make_mixer(mixup, cutmix, num_classes)
+    mixer = augment.make_mixer(mixup, cutmix, len(classes))
     tokens = model_config.img_size ** 2 // model_config.patch_size ** 2 + 1
     flops_per_img = raw_model.flops_per_token(tokens) * tokens
     peak = common.peak_flops(run_device, dtype=amp_dtype)
@@ -341,14 +299,14 @@ if __name__ == "__main__":
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{resolution}x{resolution}, "
-           f"{num_classes} classes, on {run_device} in {common.dtype_words(amp_dtype)}, "
+           f"{len(classes)} classes, on {run_device} in {common.dtype_words(amp_dtype)}, "
            f"{world} process{'es' if world > 1 else ''}")
     print0(f"model: {preset} {model_config.n_layer} layers, d {model_config.n_embd}, {model_config.n_head} heads, "
            f"patch {model_config.patch_size} ({tokens} tokens), Laplacian heads per layer "
            f"{model_config.lap_schedule()}, {raw_model.num_params():,} params")
     print0(f"schedule: global batch {global_batch} = {batch_size} x {grad_accum} accum x {world} process(es), "
-           f"{steps_per_epoch} steps/epoch, {epochs} epochs = {max_steps} steps, warmup {warmup_steps}, "
-           f"{optimizer_name} lr {lr:g}" + (f"; resuming at step {step}" if ckpt else ""))
+           f"{steps_per_epoch} steps/epoch, {epochs} epochs = {max_iters} steps, warmup {warmup_iters}, "
+           f"adamw lr {lr:g}" + (f"; resuming at step {step}" if ckpt else ""))
 
     # ---- training loop
     raw_model.train()
@@ -360,66 +318,49 @@ if __name__ == "__main__":
     img_count = 0
     steps_in_log = 0
     speeds = []  # img/s of each log window
-    waits = []  # fraction of each log window spent on data
-    data_events = []  # CUDA events around data work, read at the next progress line
-    while step < max_steps:
+    waits = []  # fraction of each log window spent on data (a GPU: waiting for it)
+    while step < max_iters:
         epoch, step_in_epoch = divmod(step, steps_per_epoch)
         if batches is None:
             batches = train_batches(train_data, epoch, step_in_epoch, steps_per_epoch, batch_size=batch_size,
                                     grad_accum=grad_accum, rank=rank, world=world, seed=seed, device=run_device,
                                     num_workers=num_workers)
-        lr_now = common.cosine_schedule(step, max_steps, lr, min_lr, warmup_steps, warmup_from=1)
+        lr_now = common.cosine_schedule(step, max_iters, lr, min_lr, warmup=warmup_iters, warmup_from=1)
         for group in optimizer.param_groups:
             group["lr"] = lr_now
         loss_accum = torch.zeros((), device=run_device)
         for micro in range(grad_accum):
             torch.manual_seed(common.step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
-            # data time: on a CPU the wall time of loading + augmenting; on a GPU the time blocked on the
-            # DataLoader plus the GPU time of the augmentation kernels (CUDA events, no extra sync). The events start
-            # after the wait: an idle GPU's clock runs through it too, and it would count twice
             t0 = time.time()
             x, y = next(batches)
-            t_wait = time.time() - t0
-            if device_type == "cuda":
-                data_events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-                data_events[-1][0].record()
-            x, y = augment_batch(x, y, resolution, mean, std, mixer, geometric=crop_on_device, crop_padding=crop_padding,
-                                 hflip=hflip, rand_augment=rand_augment, rand_magnitude=rand_magnitude,
-                                 three_augment=three_augment, color_jitter=color_jitter, random_erasing=random_erasing)
-            if device_type == "cuda":
-                data_events[-1][1].record()
-                data_time += t_wait
-            else:
-                data_time += time.time() - t0
-            sync = micro == grad_accum - 1  # DDP averages gradients only on the last micro-step
-            with (ddp_model.no_sync() if world > 1 and not sync else nullcontext()):
-                with ctx:
-                    logits = ddp_model(x)  # (B, num_classes)
-                loss = compute_loss(logits, y, label_smoothing, bce_loss) / grad_accum
-                scaler.scale(loss).backward()
+            x, y = augment_batch(x, y, resolution, mean, std, mixer=mixer, geometric=dataset != "imagefolder",
+                                 crop_padding=crop_padding, hflip=hflip, rand_augment=rand_augment,
+                                 rand_magnitude=rand_magnitude, three_augment=three_augment, color_jitter=color_jitter,
+                                 random_erasing=random_erasing)
+            data_time += time.time() - t0  # on a GPU: the wait for the batch, the augmentation runs asynchronously
+            # DDP all-reduces the gradients in backward(); only the last micro-step of a step needs it to
+            ddp_model.require_backward_grad_sync = micro == grad_accum - 1
+            with ctx:
+                logits = ddp_model(x)  # (B, num_classes)
+            loss = compute_loss(logits, y, label_smoothing, bce_loss) / grad_accum
+            scaler.scale(loss).backward()
             loss_accum += loss.detach()
         loss_value = common.all_reduce_mean(loss_accum, run_device)  # every process sees the same value and stops together
         common.check_finite(loss_value, step)
-        if grad_clip:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
+        optimizer_step([optimizer], scaler, raw_model.parameters(), grad_clip, step)
         optimizer.zero_grad(set_to_none=True)
         step += 1
         loss_sum += loss_value
         img_count += global_batch
         steps_in_log += 1
 
-        if step % log_interval == 0 or step == max_steps:
+        if step % log_interval == 0 or step == max_iters:
             dt = time.time() - t_log  # the loss .item() above has synchronised the GPU
-            data_time += sum(a.elapsed_time(b) for a, b in data_events) / 1000
-            data_events.clear()
             speeds.append(img_count / dt)
             waits.append(data_time / dt)
-            eta = (max_steps - step) * dt / steps_in_log
+            eta = (max_iters - step) * dt / steps_in_log
             mfu = f" | mfu {flops_per_img * speeds[-1] / (peak * world):.1%}" if peak else ""
-            print0(f"epoch {epoch + 1}/{epochs} step {step}/{max_steps} | loss {loss_sum / steps_in_log:.4f} | "
+            print0(f"epoch {epoch + 1}/{epochs} step {step}/{max_iters} | loss {loss_sum / steps_in_log:.4f} | "
                    f"lr {lr_now:.2e} | {speeds[-1]:.0f} img/s | data {waits[-1]:.1%}{mfu} | eta {common.format_time(eta)}")
             t_log = time.time()
             data_time = 0.0
@@ -431,7 +372,7 @@ if __name__ == "__main__":
             batches = None
             t0 = time.time()
             val_acc, val_loss = evaluate(model, val_batches(val_data, 4 * batch_size, rank, world, run_device, num_workers),
-                                         resolution, mean, std, ctx, world)
+                                         resolution, mean, std, ctx=ctx, world=world)
             best_acc = max(best_acc, val_acc)
             print0(f"eval epoch {step // steps_per_epoch}: val_acc {val_acc:.4f} val_loss {val_loss:.4f} "
                    f"({time.time() - t0:.1f}s, {common.format_time(time.time() - t_start)} elapsed)")
@@ -440,7 +381,7 @@ if __name__ == "__main__":
                     step=step, epoch=step // steps_per_epoch, val_acc=val_acc, val_loss=val_loss, lr=lr_now,
                     train_loss=loss_value, seconds=round(time.time() - t_start, 1), machine=machine))
             t_log += time.time() - t0  # evaluation time is not training time
-        stopped = step == stop_at_step and step < max_steps
+        stopped = step == stop_at_step and step < max_iters
         if master and (epoch_end or (ckpt_interval and step % ckpt_interval == 0) or step == stop_at_step):
             common.save_checkpoint(dict(
                 kind="vit", model_config=asdict(model_config), model=raw_model.state_dict(), config=config,
@@ -453,11 +394,9 @@ if __name__ == "__main__":
             break
 
     # ---- end
-    if world > 1:
-        common.print_param_checksum(raw_model.parameters(), rank, world)
     if master and not stopped:
         common.write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset,
-                             steps=step, seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss,
-                             epochs=epochs, img_per_s=round(sum(speeds) / max(len(speeds), 1)),
-                             data_wait=sum(waits) / max(len(waits), 1), machine=machine)
+                            steps=step, seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss,
+                            epochs=epochs, img_per_s=round(sum(speeds) / max(len(speeds), 1)),
+                            data_wait=sum(waits) / max(len(waits), 1), machine=machine)
     common.teardown_distributed()

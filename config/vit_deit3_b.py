@@ -24,7 +24,6 @@ mixup = 0.8  # author
 cutmix = 1.0  # author
 label_smoothing = 0.1  # author (applied inside the mix, timm's mixup_target)
 bce_loss = True  # author
-optimizer_name = "adamw"  # author (official DeiT-III uses LAMB)
 epochs = 300  # paper; the author's script runs 400
 batch_size = 256  # author: global batch 2048 (there 256 x 4 GPUs x 2 accumulation steps; here 256 x 8 GPUs)
 grad_accum = 1  # ours: with fewer GPUs raise grad_accum to keep the global batch 2048 (and keep lr)

@@ -1,6 +1,6 @@
 """Test set-up shared by every test file: the repo root on sys.path, idle OpenMP threads that sleep instead of
 spinning (on a busy 2-core machine spinning threads steal the cores they wait for), and the helpers the test files
-share (`from conftest import ROOT, ENV, run, result, param_checksums, randomise, float32_matmuls`; the `data_dir`
+share (`from conftest import ROOT, ENV, run, result, randomise, float32_matmuls`; the `data_dir`
 fixture)."""
 
 import os
@@ -42,11 +42,6 @@ def result(text):
     found = common.parse_result(text)
     assert found, f"no RESULT line in:\n{text[-2000:]}"
     return found
-
-
-def param_checksums(text):
-    """{rank: checksum} of common.print_param_checksum's lines."""
-    return common.read_param_checksums(text)
 
 
 def randomise(model, std=0.2, seed=0, gain=0.0):

@@ -3,7 +3,6 @@ a user runs it, on a generated dataset. Fast tier: those and one tiny training. 
 exact resume, DDP and CPU processes, bad input, Fashion-MNIST and the imagefolder path. CPU only."""
 
 import json
-import math
 import os
 import re
 import socket
@@ -18,7 +17,7 @@ import common
 import nanolap
 import train_vit
 from common import load_checkpoint, load_model
-from conftest import ENV, ROOT, param_checksums, result, run
+from conftest import ENV, ROOT, result, run
 from data import augment, images
 
 SCRIPT = "train_vit.py"
@@ -86,7 +85,7 @@ def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
                                           "patch_size", "mlp_ratio", "pooling", "drop_path", "layerscale", "qk_norm",
                                           "graph", "crop_padding", "simple_random_crop", "hflip", "three_augment",
                                           "color_jitter", "rand_augment", "rand_magnitude", "random_erasing", "mixup",
-                                          "cutmix", "label_smoothing", "bce_loss", "optimizer_name", "epochs", "batch_size",
+                                          "cutmix", "label_smoothing", "bce_loss", "epochs", "batch_size",
                                           "grad_accum", "lr", "min_lr", "warmup_epochs", "weight_decay", "beta1",
                                           "beta2", "grad_clip", "device", "dtype", "compile_model", "cpu_procs",
                                           "cpu_threads", "seed"]
@@ -99,7 +98,7 @@ def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
 
 PAPER_RECIPE = dict(bce_loss=True, label_smoothing=0.1, mixup=0.8, cutmix=1.0, three_augment=True, color_jitter=0.3,
                     random_erasing=0.0, qk_norm=True, layerscale=1e-6, lr=2e-3, weight_decay=0.05, warmup_epochs=5.0,
-                    grad_clip=1.0, min_lr=1e-6, epochs=300, optimizer_name="adamw")
+                    grad_clip=1.0, min_lr=1e-6, epochs=300)
 VIT_B = dict(n_layer=12, n_embd=768, n_head=12, patch_size=16, img_size=192, n_lap=12, layerscale=1e-6)
 
 
@@ -129,15 +128,6 @@ def test_config_files_name_options_and_make_a_model(path, model):
     assert config["batch_size"] * config["grad_accum"] * 8 == 2048
     values = [l for l in open(os.path.join(ROOT, path)) if re.match(r"\w+ = ", l)]
     assert values and all(re.search(r"  # (paper|author|ours)\b", l) for l in values), "every value names its source"
-
-
-def test_param_checksums_are_read_back(capsys):
-    """The DDP tests compare ranks through these lines, so what the printer writes the parser must return."""
-    params = [torch.full((3,), 0.5), torch.tensor([-2.0, 0.25])]
-    for rank in (1, 0):
-        common.print_param_checksum(params, rank, 2)
-    out = capsys.readouterr().out
-    assert param_checksums("noise\n" + out) == {"0": "-2.5000000000e-01", "1": "-2.5000000000e-01"}
 
 
 def test_batches_do_not_depend_on_the_process_split():
@@ -354,44 +344,15 @@ def test_bce_targets_are_timm_mixup_targets():
     assert torch.allclose(bce_target(logits, t, 0.1), lam * smooth(y) + (1 - lam) * smooth(y.flip(0)), atol=1e-5)
 
 
-def test_lamb_matches_hand_computed_steps():
-    lr = 0.1
-    b1, b2 = 0.9, 0.999  # Adam's betas
-    eps = 1e-6
-    wd = 0.1
-    w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
-    bias = torch.nn.Parameter(torch.tensor([0.5]))
-    opt = train_vit.Lamb([dict(params=[w], weight_decay=wd), dict(params=[bias], weight_decay=0.0)],
-                         lr=lr, betas=(b1, b2), eps=eps)
-    grads = [([1.0, -2.0], [0.25]), ([0.5, 1.0], [-1.0])]
-    ew, eb = [3.0, 4.0], [0.5]
-    m = {"w": [0.0, 0.0], "b": [0.0]}
-    v = {"w": [0.0, 0.0], "b": [0.0]}
-    for t, (gw, gb) in enumerate(grads, start=1):
-        w.grad, bias.grad = torch.tensor(gw), torch.tensor(gb)
-        opt.step()
-        # by hand, in Python floats
-        for key, g, p, decay in (("w", gw, ew, wd), ("b", gb, eb, 0.0)):
-            m[key] = [b1 * mi + (1 - b1) * gi for mi, gi in zip(m[key], g)]
-            v[key] = [b2 * vi + (1 - b2) * gi * gi for vi, gi in zip(v[key], g)]
-            u = [(mi / (1 - b1 ** t)) / (math.sqrt(vi / (1 - b2 ** t)) + eps) + decay * pi
-                 for mi, vi, pi in zip(m[key], v[key], p)]
-            trust = math.sqrt(sum(pi * pi for pi in p)) / math.sqrt(sum(ui * ui for ui in u)) if decay else 1.0
-            p[:] = [pi - lr * trust * ui for pi, ui in zip(p, u)]
-        assert w.tolist() == pytest.approx(ew, rel=1e-5) and bias.tolist() == pytest.approx(eb, rel=1e-5)
-    assert abs(ew[0] - 3.0) > 0.1, "the trust ratio (|w|/|u| ~ 2.6 here) scales the first step well beyond lr"
-
-
 def test_make_optimizer_decays_weight_matrices_only():
     model = nanolap.build_model(nanolap.make_config("vit-cpu"))
-    for name, kind in (("adamw", torch.optim.AdamW), ("lamb", train_vit.Lamb)):
-        opt = train_vit.make_optimizer(model, name, 1e-3, 0.05, (0.9, 0.99), "cpu")
-        decay, no_decay = opt.param_groups
-        assert isinstance(opt, kind) and decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
-        assert all(p.ndim >= 2 for p in decay["params"]) and decay["betas"] == (0.9, 0.99)
-        no_decay_ids = {id(p) for p in no_decay["params"]}
-        assert id(model.pos_embed) in no_decay_ids and id(model.cls_token) in no_decay_ids
-        assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    opt = train_vit.make_optimizer(model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.99), device="cpu")
+    decay, no_decay = opt.param_groups
+    assert isinstance(opt, torch.optim.AdamW) and decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"]) and decay["betas"] == (0.9, 0.99)
+    no_decay_ids = {id(p) for p in no_decay["params"]}
+    assert id(model.pos_embed) in no_decay_ids and id(model.cls_token) in no_decay_ids
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
 def test_lr_schedule():
@@ -466,19 +427,14 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
-    """Two gloo processes with batch 32 each = one process with batch 64 (no augmentation randomness), and
-    both ranks end with identical weights; plain python with --cpu_procs=2 is the same run as torchrun's."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """Two gloo processes with batch 32 each = one process with batch 64 (no augmentation randomness), and plain
+    python with --cpu_procs=2 (which starts the same processes through torchrun) saves the same weights bit for bit."""
     args = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--epochs=1", "--crop_padding=0",
             "--hflip=False", "--drop_path=0.0", "--random_erasing=0", "--log_interval=4"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           "train_vit.py", *args, "--batch_size=32", f"--out_dir={tmp_path / 'ddp'}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_vit.py", *args,
+           "--batch_size=32", f"--out_dir={tmp_path / 'ddp'}"]
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    sums = param_checksums(p.stdout)
-    assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], f"ranks diverged: {sums}"
     assert "global batch 64 = 32 x 1 accum x 2 process(es)" in p.stdout
     single = run(SCRIPT, *args, "--batch_size=64", f"--out_dir={tmp_path / 'single'}", check=True)
     a, b = result(p.stdout), result(single.stdout)
@@ -489,7 +445,8 @@ def test_two_processes_match_one(tmp_path):
                   check=True)
     same = ("val_acc", "val_loss", "params", "n_lap", "epochs")
     assert [result(spawned.stdout)[k] for k in same] == [a[k] for k in same] and step_losses(spawned.stdout) == la
-    assert param_checksums(spawned.stdout) == sums
+    weights = [common.load_checkpoint(str(tmp_path / name / "ckpt.pt"))["model"] for name in ("ddp", "spawned")]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 @pytest.mark.slow
@@ -514,8 +471,7 @@ def test_bad_input_messages(tmp_path):
         "unknown key": (["--learning_rate=0.1"], "unknown option --learning_rate"),
         "old option name": (["--compile=True"], "unknown option --compile"),
         "resume without checkpoint": ([f"--out_dir={tmp_path}/empty", "--resume"], "--resume: no checkpoint"),
-        "bad optimizer": (["--dataset=synthetic", "--optimizer_name=sgd"], "--optimizer_name='sgd': choose one of adamw, lamb"),
-        "old optimizer option": (["--optimizer=lamb"], "unknown option --optimizer"),
+        "old optimizer option": (["--optimizer_name=lamb"], "unknown option --optimizer_name"),
         "not a ViT preset": ([one, "--dataset=synthetic", "--preset=gpt-tiny"], "--preset='gpt-tiny': choose one of"),
         "erasing not a probability": (["--random_erasing=1.5"], "--random_erasing=1.5: must lie in [0, 1]"),
         "no epochs": (["--epochs=0"], "--epochs=0: must be at least 1"),
