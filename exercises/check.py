@@ -2,6 +2,7 @@
 The checks of the nanolap exercises (exercises/README.md), one command per exercise:
 
     python exercises/check.py 2                  # checks your exercises/ex2_laplacian_head.py
+    python exercises/check.py 2 --hint           # the first hint; --hint=2 the second, and so on
     python exercises/check.py 2 --solution       # checks the reference, exercises/solutions/ex2_laplacian_head.py
     python exercises/check.py 4 --depth=48       # options go after the number (--key=value); --help lists them
     python exercises/check.py --students-copy DIR    # instructors: the repository without solutions/ and INSTRUCTOR.md
@@ -19,6 +20,7 @@ import inspect
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +55,7 @@ OPTIONS = {  # each exercise's options (--key=value after the number) and their 
 
 
 EXPECTED = os.path.join(HERE, "expected.json")  # fixed inputs and what the reference solutions return for them
+PAGE = os.path.join(HERE, "README.md")  # the exercises' page: each one's rating and hints
 
 
 def load(number, solution=False):
@@ -488,6 +491,40 @@ def write_expected():
         f.write(("{\n" + ",\n".join(lines) + "\n}\n").encode())
     print(f"wrote {EXPECTED}")
 
+# ---- the exercises' page: each one's rating and hints -------------------------------------------------------
+
+def page_section(number):
+    """Exercise `number`'s section of exercises/README.md, from its heading to the next."""
+    with open(PAGE) as f:
+        page = f.read()
+    return re.search(rf"^## Exercise {number}:.*?(?=^## |\Z)", page, re.M | re.S).group(0)
+
+
+def rating(number):
+    """The section's rating line: 'difficulty d/5, importance i/5, about m minutes'."""
+    line = re.search(r"^Difficulty (\d)/5, importance (\d)/5, about (\d+) minutes\.$", page_section(number), re.M)
+    return f"difficulty {line[1]}/5, importance {line[2]}/5, about {line[3]} minutes"
+
+
+def hints(number):
+    """The section's hints, in order: each in a <details> block, folded on the page until a student opens it."""
+    return re.findall(r"^<details><summary>Hint \d</summary>\n\n(.*?)\n\n</details>$", page_section(number),
+                      re.M | re.S)
+
+
+def show_hint(number, option):
+    """Print hint k of --hint=k (--hint: k = 1) and say how to see the next; returns the exit status."""
+    found = hints(number)
+    k = option.partition("=")[2] or "1"
+    if not k.isdigit() or not 1 <= int(k) <= len(found):
+        print(f"error: {option}: exercise {number} has hints 1 to {len(found)}")
+        return 2
+    print(f"exercise {number} ({rating(number)}), hint {k} of {len(found)}:\n")
+    print(textwrap.indent(found[int(k) - 1], "  "))
+    if int(k) < len(found):
+        print(f"\nthe next hint: python exercises/check.py {number} --hint={int(k) + 1}")
+    return 0
+
 # ---- run ----------------------------------------------------------------------------------------------------------
 
 CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6, 7: check_7, 8: check_8}
@@ -504,19 +541,22 @@ def main(argv=None):
             return 2
         return 0
     if not argv or not argv[0].isdigit() or int(argv[0]) not in CHECKS:
-        print(__doc__.strip() + "\n\nusage: python exercises/check.py N [--solution] [--key=value ...], N in 1..8; "
-              "python exercises/check.py --students-copy DIR")
+        print(__doc__.strip() + f"\n\nusage: python exercises/check.py N [--hint[=K]] [--solution] [--key=value ...], "
+              f"N in 1..{max(CHECKS)}; python exercises/check.py --students-copy DIR")
         return 0 if {"-h", "--help"} & set(argv) else 2
     number, rest = int(argv[0]), argv[1:]
     if {"-h", "--help"} & set(rest):
         print(f"exercise {number} options: " + " ".join(f"--{k}={v!r}" for k, v in OPTIONS[number].items()))
         return 0
+    asked = [a for a in rest if a == "--hint" or a.startswith("--hint=")]
+    if asked:
+        return show_hint(number, asked[-1])
     solution = "--solution" in rest
     try:
         options = common.parse_args(OPTIONS[number], [a for a in rest if a != "--solution"])
         module = load(number, solution) if number in FILES else None
-        if module is not None:
-            print(f"exercise {number}: checking {os.path.relpath(module.__file__)}")
+        what = f"checking {os.path.relpath(module.__file__)}" if module is not None else "your runs"
+        print(f"exercise {number} ({rating(number)}): {what}")
         ok = CHECKS[number](module, **options)
     except common.UsageError as e:
         print(f"error: {e}")

@@ -3,7 +3,8 @@ exercise that asks for code fails on its unmodified starter file: the committed 
 working copy keeps these tests green. Fast tier: the code checks at tiny sizes, in this process (seconds). Slow tier
 (-m slow): the experiments (tiny trainings of the real scripts, then analyze.py), the exercise-7 check on a trained
 run, a longer gated training, the command line, and solved exercises in copies of the repository (with and without
-git). In a students' copy (python exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
+git). The fast tier also checks every exercise's rating and graded hints. In a students' copy (python
+exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
 
 import ast
 import importlib.util
@@ -157,8 +158,8 @@ def test_a_student_error_is_a_fail_with_its_traceback(tmp_path, capsys, monkeypa
 
 def test_options_and_usage(capsys):
     assert run_check(capsys, 2, "--depth=3")[0] == 2  # an option of another exercise
-    status, out = run_check(capsys, 9)
-    assert status == 2 and "usage: python exercises/check.py N" in out
+    status, out = run_check(capsys, max(check.CHECKS) + 1)
+    assert status == 2 and "usage: python exercises/check.py N" in out and f"N in 1..{max(check.CHECKS)}" in out
     status, out = run_check(capsys, 4, "--help")
     assert status == 0 and "--depth=24" in out
 
@@ -173,6 +174,46 @@ def test_readme_has_every_exercise_and_its_check():
     for number, name in check.FILES.items():
         assert f"exercises/{name}" in readme
         assert os.path.isfile(os.path.join(EXERCISES, "solutions", name)) or not has_solutions
+
+def solution_code(number):
+    """The code of exercise `number`'s reference solution without docstrings and comments, spaces removed."""
+    tree = ast.parse(open(os.path.join(EXERCISES, "solutions", check.FILES[number])).read())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):  # a docstring
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree).replace(" ", "")
+
+
+@pytest.mark.parametrize("number", sorted(check.CHECKS))
+def test_every_exercise_has_a_rating_and_graded_hints(number, capsys):
+    """The page gives each exercise a difficulty, an importance and its minutes, and two or three hints that --hint
+    shows one at a time; the first hint quotes no code of the solution."""
+    assert re.fullmatch(r"difficulty [1-5]/5, importance [1-5]/5, about \d+ minutes", check.rating(number))
+    hints = check.hints(number)
+    assert 2 <= len(hints) <= 3 and len(set(hints)) == len(hints)
+    assert len(re.findall(r"<summary>Hint \d</summary>", check.page_section(number))) == len(hints)
+    for k, hint in enumerate(hints, 1):
+        status, out = run_check(capsys, number, f"--hint={k}")
+        assert status == 0 and out.startswith(f"exercise {number} ({check.rating(number)}), hint {k} of {len(hints)}")
+        assert hint.splitlines()[0] in out and all(other.splitlines()[0] not in out for other in hints if other != hint)
+        assert (f"--hint={k + 1}" in out) == (k < len(hints))
+    assert run_check(capsys, number, "--hint")[1] == run_check(capsys, number, "--hint=1")[1]
+    status, out = run_check(capsys, number, f"--hint={len(hints) + 1}")
+    assert status == 2 and out == f"error: --hint={len(hints) + 1}: exercise {number} has hints 1 to {len(hints)}\n"
+    if number in check.FILES and os.path.isdir(os.path.join(EXERCISES, "solutions")):
+        code = solution_code(number)
+        for quoted in re.findall(r"`([^`]+)`", hints[0]):
+            assert len(quoted.replace(" ", "")) < 8 or quoted.replace(" ", "") not in code, quoted
+
+
+def test_a_check_shows_the_exercises_rating(capsys, one_thread):
+    solution = ["--solution"] if os.path.isdir(os.path.join(EXERCISES, "solutions")) else []
+    out = run_check(capsys, 1, *solution)[1]
+    assert out.startswith(f"exercise 1 ({check.rating(1)}): checking ")
+    assert check.rating(1) == "difficulty 1/5, importance 5/5, about 10 minutes"
+
 
 # ---------------------------------------------------------------- slow tier: the experiments, on tiny runs
 
