@@ -7,10 +7,10 @@ The checks of the nanolap exercises (exercises/README.md), one command per exerc
     python exercises/check.py 4 --depth=48       # options go after the number (--key=value); --help lists them
     python exercises/check.py --students-copy DIR    # instructors: the repository without solutions/ and INSTRUCTOR.md
 
-Exercises that ask for code (1, 2, 3, 4, 6, 7) end in PASS or FAIL (exit status 0 or 1). The experiments (5, 8)
-read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is
-part of the exercise. It compares your code with nanolap.py, with analyze.py's numbers, or with values the
-reference solutions gave on fixed inputs (exercises/expected.json): it holds no answer.
+Exercises that ask for code (1, 2, 3, 4, 6, 7, 9) end in PASS or FAIL (exit status 0 or 1). The experiments (5, 8)
+read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is part
+of the exercise. It compares your code with nanolap.py, with analyze.py's numbers, or with values the reference
+solutions gave on fixed inputs (exercises/expected.json): it holds no answer.
 """
 
 import ast
@@ -38,7 +38,8 @@ from data import augment, images, text  # noqa: E402
 from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
 
 FILES = {1: "ex1_laplacian.py", 2: "ex2_laplacian_head.py", 3: "ex3_first_token.py", 4: "ex4_oversmoothing.py",
-         6: "ex6_gated_heads.py", 7: "ex7_spectrum.py"}  # the exercises that ask for code, and their files
+         6: "ex6_gated_heads.py", 7: "ex7_spectrum.py",
+         9: "ex9_kv_cache.py"}  # the exercises that ask for code, and their files
 OPTIONS = {  # each exercise's options (--key=value after the number) and their defaults
     1: dict(seed=0),
     2: dict(seed=0),
@@ -51,6 +52,7 @@ OPTIONS = {  # each exercise's options (--key=value after the number) and their 
             val_images=2000, seed=0),
     7: dict(run="", max_samples=1000, seed=0),  # run: a train_vit.py out_dir; max_samples as given to analyze.py
     8: dict(out="out/ex8", sample_chars=200, seed=0),  # the folder of the two runs; analyze.py wrote OUT/analysis/
+    9: dict(seed=0),
 }
 
 
@@ -75,11 +77,12 @@ def load_file(path):
 
 
 def expected(number):
-    """Exercise `number`'s cases in exercises/expected.json: inputs as nested lists (made tensors here) and the
-    reference solution's outputs for them."""
+    """Exercise `number`'s cases in exercises/expected.json: inputs and outputs as nested lists (made float32 tensors
+    here) and numbers, what the reference solution returned for the inputs."""
     with open(EXPECTED) as f:
         cases = json.load(f)[str(number)]
-    return [dict(case, h=torch.tensor(case["h"], dtype=torch.float32)) for case in cases]
+    return [{key: torch.tensor(value) if isinstance(value, list) else value for key, value in case.items()}
+            for case in cases]
 
 
 def expect(ok, what):
@@ -444,6 +447,56 @@ def check_8(ex, out, sample_chars, seed):
         print(f"---- a sample of {r['run']} (n_lap={r['n_lap']}, temperature 0.8) ----\n{sample}")
     return True
 
+# ---- exercise 9: the KV cache of a Laplacian head ------------------------------------------------------------------
+
+SMALL = dict(n_layer=1, n_embd=8, n_head=2)  # the layers of the fixed cases in expected.json: 2 heads of size 4
+
+
+def fixed_layer(module, case):
+    """module (no biases) with the weights of a fixed case of exercises/expected.json, in eval mode."""
+    with torch.no_grad():
+        module.qkv.weight.copy_(case["qkv"])
+        module.proj.weight.copy_(case["proj"])
+    return module.eval()
+
+
+def cached_steps(ex, attn, x):
+    """ex.cached_step on the tokens of x (B, T, C) one at a time, from an empty cache: the outputs (B, T, C) and the
+    cache after the last token."""
+    B, T, _ = x.shape
+    empty = x.new_zeros(B, attn.n_head, 0, attn.head_dim)  # (B, H, 0, D): no token yet
+    cache = {"k": empty, "v": empty}
+    with torch.no_grad():
+        steps = [ex.cached_step(attn, x[:, t:t + 1], cache) for t in range(T)]  # T outputs (B, 1, C)
+    return torch.cat(steps, dim=1), cache
+
+
+def check_9(ex, seed):
+    ok = True
+    for case in expected(9):  # the reference solution's outputs on a fixed small layer
+        attn = fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **SMALL), case["n_lap"]), case)
+        got, _ = cached_steps(ex, attn, case["h"])
+        err = (got - case["out"]).abs().max().item() if got.shape == case["out"].shape else math.inf
+        ok &= expect(err < 1e-5, f"{case['name']}: max |the reference's - yours| = {err:.1e}")
+    # the whole sequence in one call of the layer (causal; no RoPE: attn(x) without `rope` skips it) against your
+    # steps; the cache must hold what an attention layer's holds, keys and values, and nothing more
+    for n_lap in (0, 2, 4):
+        torch.manual_seed(seed)
+        cfg = make_config("gpt-tiny", n_layer=1, vocab_size=10)
+        attn = randomise(MixedHeadAttention(cfg, n_lap), 0.1, seed).eval()
+        x = torch.randn(2, 9, cfg.n_embd)  # (B, T, C)
+        with torch.no_grad():
+            full = attn(x)  # (B, T, C)
+        got, cache = cached_steps(ex, attn, x)
+        err = (full - got).abs().max().item() if got.shape == full.shape else math.inf
+        ok &= expect(err <= 1e-5, f"n_lap={n_lap} of {cfg.n_head}, no RoPE: 9 cached steps against the whole sequence "
+                                  f"at once, max error {err:.1e}")
+        held = {name: tuple(t.shape) for name, t in cache.items()}
+        want = {name: (2, cfg.n_head, 9, cfg.n_embd // cfg.n_head) for name in ("k", "v")}
+        ok &= expect(held == want, f"n_lap={n_lap}: after 9 tokens the cache holds {held} (keys and values, "
+                                   f"(B, H, T, D) each)")
+    return ok
+
 # ---- for instructors: the students' copy, and the expected values from the solutions ------------------------------
 
 HELD_BACK = ("exercises/solutions/", "exercises/INSTRUCTOR.md")  # what a students' copy leaves out
@@ -471,8 +524,9 @@ def students_copy(dest):
 
 
 def write_expected():
-    """exercises/expected.json: fixed tokens (small integers, exact in any float type) and what the reference solutions
-    of exercises 4 and 7 return for them. Run it after changing a case or a solution."""
+    """exercises/expected.json: fixed inputs (small integers, exact in any float type; the layers' weights quarters of
+    them) and what the reference solutions of exercises 4, 7 and 9 return for them. Run it after changing a case
+    or a solution."""
     g = torch.Generator().manual_seed(0)
 
     def ints(*shape, low=-9, high=10):
@@ -485,8 +539,17 @@ def write_expected():
     ex4, ex7 = load(4, solution=True), load(7, solution=True)
     values = {4: lambda h: {"within_seq_frac": ex4.within_seq_frac(h)},
               7: lambda h: {f"k_{a}": ex7.k_alpha(h, a) for a in ALPHAS}}
-    lines = [f'"{n}": [\n' + ",\n".join(json.dumps(dict(name=name, h=h.tolist(), **values[n](h))) for name, h in c) + "\n]"
-             for n, c in cases.items()]  # one case per line
+    written = {n: [dict(name=name, h=h.tolist(), **values[n](h)) for name, h in c] for n, c in cases.items()}
+    C = SMALL["n_embd"]
+    # weights of a quarter and tokens of a few units: scores of order 1, so that P is neither uniform nor one-hot
+    weights = dict(qkv=ints(3 * C, C, low=-2, high=3) / 4, proj=ints(C, C, low=-2, high=3) / 4)
+    h = ints(1, 6, C, low=-3, high=4)  # (B, T, C)
+    attn = fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **SMALL), n_lap=1), weights)
+    out = cached_steps(load(9, solution=True), attn, h)[0]
+    written[9] = [dict(name="2 heads of size 4, the second Laplacian, 6 tokens", n_lap=1,
+                       **{k: w.tolist() for k, w in weights.items()}, h=h.tolist(), out=out.tolist())]
+    lines = [f'"{n}": [\n' + ",\n".join(json.dumps(case) for case in c) + "\n]"
+             for n, c in written.items()]  # one case per line
     with common.atomic_write(EXPECTED) as f:
         f.write(("{\n" + ",\n".join(lines) + "\n}\n").encode())
     print(f"wrote {EXPECTED}")
@@ -527,7 +590,7 @@ def show_hint(number, option):
 
 # ---- run ----------------------------------------------------------------------------------------------------------
 
-CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6, 7: check_7, 8: check_8}
+CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6, 7: check_7, 8: check_8, 9: check_9}
 
 
 def main(argv=None):

@@ -215,6 +215,27 @@ def test_a_check_shows_the_exercises_rating(capsys, one_thread):
     assert check.rating(1) == "difficulty 1/5, importance 5/5, about 10 minutes"
 
 
+@needs_solutions
+def test_ex9_check_fails_on_a_cache_that_holds_more(capsys, monkeypatch, one_thread):
+    """A Laplacian head needs only keys and values: the check fails a step that caches anything else."""
+    import torch
+    solution = check.load(9, solution=True)
+
+    def cached_step(attn, x, cache):
+        y = solution.cached_step(attn, x, cache)
+        cache["y"] = torch.cat([cache["y"], y], dim=1) if "y" in cache else y  # the outputs too: not needed
+        return y
+    more = type(sys)("more")
+    more.__file__ = solution.__file__
+    more.cached_step = cached_step
+
+    def load(number, solution=False):
+        return more
+    monkeypatch.setattr(check, "load", load)
+    status, out = run_check(capsys, 9)
+    assert status == 1 and out.count("[FAIL]") == 3 and "'y': (2, 9, 128)" in out, out
+
+
 # ---------------------------------------------------------------- slow tier: the experiments, on tiny runs
 
 
@@ -344,6 +365,12 @@ def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, 
         assert {f"k_{a}": case[f"k_{a}"] for a in analyze.ALPHAS} == pytest.approx(
             {f"k_{a}": stats.result()[f"k_{a}"] for a in analyze.ALPHAS}), case["name"]
     assert check.ALPHAS == analyze.ALPHAS
+    from nanolap import MixedHeadAttention, make_config
+    for case in check.expected(9):  # the cached steps are the whole sequence in one call of nanolap's layer
+        attn = check.fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **check.SMALL),
+                                                    case["n_lap"]), case)
+        with torch.no_grad():
+            assert torch.allclose(attn(case["h"]), case["out"], atol=1e-5), case["name"]
 
 
 def test_check_holds_no_answer_and_imports_no_script():
