@@ -2,9 +2,9 @@
 exercise that asks for code fails on its unmodified starter file: the committed one, so that a student's solved
 working copy keeps these tests green. Fast tier: the code checks at tiny sizes, in this process (seconds). Slow tier
 (-m slow): the experiments (tiny trainings of the real scripts, then analyze.py), the exercise-7 check on a trained
-run, a longer gated training, the command line, and solved exercises in copies of the repository (with and without
-git). The fast tier also checks every exercise's rating and graded hints. In a students' copy (python
-exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
+run, a longer gated training and a short AttnScale one, the command line, and solved exercises in copies of the
+repository (with and without git). The fast tier also checks every exercise's rating and graded hints. In a students'
+copy (python exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
 
 import ast
 import importlib.util
@@ -51,7 +51,8 @@ def run_check(capsys, *argv):
 
 
 TINY = {4: ["--depth=6", "--n_seq=8", "--figure=False"],  # options that keep a code check to a second or less;
-        6: ["--dataset=synthetic", "--steps=0", "--val_images=64"]}  # the slow tier draws the figure and trains
+        6: ["--dataset=synthetic", "--steps=0", "--val_images=64"],  # the slow tier draws the figure and trains
+        10: ["--dataset=synthetic", "--steps=0", "--val_images=64", "--rho_images=64"]}
 
 
 @pytest.fixture
@@ -74,6 +75,9 @@ def test_check_passes_on_the_solution(number, capsys, one_thread):
     assert "[FAIL]" not in out and f"solutions/{check.FILES[number]}" in out
     if number == 6:
         assert len(re.findall(r"layer \d: ([\d.]+ ){4}", out)) == 4  # the gates of every layer
+    if number == 10:
+        assert len(re.findall(r"block \d: rho ([-+][\d.]+ ){4}  mean [-+][\d.]+   lambda ([-+][\d.]+ ?){4}$", out,
+                              re.M)) == 4  # every head's rho and lambda in every block
 
 
 @pytest.mark.parametrize("number", sorted(check.FILES))
@@ -236,6 +240,49 @@ def test_ex9_check_fails_on_a_cache_that_holds_more(capsys, monkeypatch, one_thr
     assert status == 1 and out.count("[FAIL]") == 3 and "'y': (2, 9, 128)" in out, out
 
 
+@needs_solutions
+def test_ex10_check_wants_one_fused_call(capsys, monkeypatch, one_thread):
+    """The written-out P_lambda is right but materialises T x T matrices: the check fails it on the fused call."""
+    solution = check.load(10, solution=True)
+
+    class ByMatrix(solution.AttnScaleAttention):
+        def __init__(self, config):
+            super().__init__(config)
+            self.config = config
+
+        def forward(self, x, rope=None, explicit=False, return_attn=False):
+            return check.attnscale_by_matrix(self, self.config, x)
+    by_matrix = type(sys)("by_matrix")
+    by_matrix.__file__ = solution.__file__
+    by_matrix.AttnScaleAttention = ByMatrix
+
+    def load(number, solution=False):
+        return by_matrix
+    monkeypatch.setattr(check, "load", load)
+    status, out = run_check(capsys, 10, *TINY[10])
+    assert status == 1 and out.count("[FAIL]") == 1, out
+    assert "[FAIL] one forward makes 0 F.scaled_dot_product_attention call(s)" in out
+
+
+def test_ex10_rho_is_analyzes(one_thread):
+    """check.py's per-head first-order change is analyze.py's (its heads analysis on the patch tokens)."""
+    import torch
+    sys.path.insert(0, ROOT)
+    import analyze
+    from nanolap import build_model, make_config
+    torch.manual_seed(0)
+    model = check.randomise(build_model(make_config("vit-cpu", n_lap=[0, 1, 2, 4])), 0.3, 0).eval()
+    img = torch.randn(8, 1, 28, 28)
+    stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
+    with torch.no_grad():
+        analyze.update_heads(model, model.embed(img), None, stats, analyze.patch_tokens)
+    theirs = [layer["rho"] for layer in analyze.head_results(model, stats)["layers"]]
+    ours = [rho.tolist() for rho in check.head_rho(model, img)]
+    assert len(ours) == len(theirs) == 4
+    for block_ours, block_theirs in zip(ours, theirs):
+        assert block_ours == pytest.approx(block_theirs, rel=1e-3, abs=1e-8)
+
+
 # ---------------------------------------------------------------- slow tier: the experiments, on tiny runs
 
 
@@ -325,6 +372,16 @@ def test_ex6_gates_learn(capsys):
 
 @needs_solutions
 @pytest.mark.slow
+def test_ex10_lambdas_learn(capsys):
+    status, out = run_check(capsys, 10, "--solution", "--dataset=synthetic", "--steps=30", "--batch_size=32",
+                            "--rho_images=64")
+    assert status == 0 and "PASS: exercise 10" in out
+    lams = [float(v) for v in re.findall(r"block 1: rho .*   lambda (.*)$", out, re.M)[0].split()]
+    assert len(lams) == 4 and all(abs(v) > 1e-3 for v in lams)  # they moved from 0
+
+
+@needs_solutions
+@pytest.mark.slow
 def test_ex4_draws_the_figure(tmp_path, capsys):
     status, out = run_check(capsys, 4, "--solution", f"--out={tmp_path}")
     assert status == 0 and (tmp_path / "collapse.png").stat().st_size > 10000
@@ -371,6 +428,13 @@ def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, 
                                                     case["n_lap"]), case)
         with torch.no_grad():
             assert torch.allclose(attn(case["h"]), case["out"], atol=1e-5), case["name"]
+    ex10 = check.load(10, solution=True)
+    for case in check.expected(10):  # the fused module is P_lambda written out
+        cfg = make_config("vit-cpu", bias=False, **check.SMALL)
+        module = check.fixed_layer(ex10.AttnScaleAttention(cfg), case)
+        with torch.no_grad():
+            module.lam.copy_(case["lam"])
+            assert torch.allclose(check.attnscale_by_matrix(module, cfg, case["h"]), case["out"], atol=1e-5)
 
 
 def test_check_holds_no_answer_and_imports_no_script():
