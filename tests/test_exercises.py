@@ -3,8 +3,9 @@ exercise that asks for code fails on its unmodified starter file: the committed 
 working copy keeps these tests green. Fast tier: the code checks at tiny sizes, in this process (seconds). Slow tier
 (-m slow): the experiments (tiny trainings of the real scripts, then analyze.py), the exercise-7 check on a trained
 run, a longer gated training and a short AttnScale one, the command line, and solved exercises in copies of the
-repository (with and without git). The fast tier also checks every exercise's rating and graded hints. In a students'
-copy (python exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
+repository (with and without git). The fast tier also checks every exercise's rating and graded hints, and the caveat
+of exercise 1's identity: attention dropout breaks (I - P) 1 = 0 in training. In a students' copy (python
+exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
 
 import ast
 import importlib.util
@@ -217,6 +218,30 @@ def test_a_check_shows_the_exercises_rating(capsys, one_thread):
     out = run_check(capsys, 1, *solution)[1]
     assert out.startswith(f"exercise 1 ({check.rating(1)}): checking ")
     assert check.rating(1) == "difficulty 1/5, importance 5/5, about 10 minutes"
+
+
+def test_the_identity_needs_rows_that_sum_to_one_so_attention_dropout_breaks_it():
+    """(I - P) 1 = 0 (exercise 1) holds because the rows of P sum to 1. Attention dropout in training zeroes entries of
+    P and scales up the rest: the rows no longer sum to 1, and a Laplacian head passes part of a vector that every
+    token's value shares. Without dropout, or at evaluation, the identity holds."""
+    import torch
+    from nanolap import MixedHeadAttention, make_config
+    torch.manual_seed(0)
+    T = 17
+    x = torch.randn(2, T, 64)
+    ones = torch.ones(T, 1)
+    for dropout, training, holds in ((0.0, True, True), (0.2, False, True), (0.2, True, False)):
+        attn = MixedHeadAttention(make_config("vit-cpu", n_layer=1, dropout=dropout), n_lap=4).train(training)
+        _, P = attn(x, explicit=True, return_attn=True)  # (B, H, T, T), as the heads used it
+        error = ((torch.eye(T) - P) @ ones).abs().max().item()  # max |(I - P) 1|
+        assert (error < 1e-6) == holds and (holds or error > 0.1), (dropout, training, error)
+        torch.manual_seed(1)  # the same dropout masks in both calls
+        before = attn(x, explicit=True)
+        with torch.no_grad():  # every token's value + c, through the value bias
+            attn.qkv.bias[2 * 64:] += 10
+        torch.manual_seed(1)
+        moved = (attn(x, explicit=True) - before).abs().max().item()
+        assert (moved < 1e-3) == holds, (dropout, training, moved)
 
 
 @needs_solutions
