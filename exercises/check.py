@@ -626,9 +626,27 @@ def check_10(ex, steps, batch_size, lr, lam_lr, heads, dataset, data_dir, val_im
 HELD_BACK = ("exercises/solutions/", "exercises/INSTRUCTOR.md")  # what a students' copy leaves out
 
 
+def committed_starters(root):
+    """Every starter as the last commit holds it (git show HEAD:...), by path; a UsageError names those it lacks."""
+    committed = {}
+    missing = []
+    for name in FILES.values():
+        path = f"exercises/{name}"
+        shown = subprocess.run(["git", "show", f"HEAD:./{path}"], cwd=root, capture_output=True, timeout=60)
+        if shown.returncode == 0:
+            committed[path] = shown.stdout
+        else:
+            missing.append(path)
+    if missing:
+        raise common.UsageError(f"--students-copy takes the starters from the last commit, which lacks "
+                                f"{', '.join(missing)}: commit them first")
+    return committed
+
+
 def students_copy(dest):
     """Copy the repository as git sees it (the tracked files and the untracked ones it does not ignore: no runs, data
-    or virtual environment) to the new folder dest, without HELD_BACK."""
+    or virtual environment) to the new folder dest, without HELD_BACK. The starters come from the last commit, not
+    from the working tree: an instructor who tried an exercise here must not hand out the solved file."""
     root = os.path.dirname(HERE)
     if os.path.exists(dest):
         raise common.UsageError(f"--students-copy={dest}: it exists already; name a new folder")
@@ -639,12 +657,24 @@ def students_copy(dest):
         listed = None
     if listed is None or listed.returncode != 0:
         raise common.UsageError(f"--students-copy needs git and the repository's git checkout ({root} is none)")
-    files = [f for f in listed.stdout.split("\0") if f and not f.startswith(HELD_BACK)
+    starters = committed_starters(root)
+    files = [f for f in listed.stdout.split("\0") if f and not f.startswith(HELD_BACK) and f not in starters
              and os.path.isfile(os.path.join(root, f))]
     for f in files:
         os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
         shutil.copy2(os.path.join(root, f), os.path.join(dest, f))
-    print(f"wrote {dest}: {len(files)} files, without {' and '.join(HELD_BACK)}")
+    changed = []
+    for f, content in starters.items():
+        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
+        with open(os.path.join(dest, f), "wb") as out:
+            out.write(content)
+        working = os.path.join(root, f)
+        if not os.path.isfile(working) or open(working, "rb").read() != content:
+            changed.append(f)
+    print(f"wrote {dest}: {len(files) + len(starters)} files, without {' and '.join(HELD_BACK)}; the starters as "
+          f"last committed")
+    if changed:
+        print(f"  not from this working tree, where they differ (solved?): {', '.join(changed)}")
 
 
 def write_expected():

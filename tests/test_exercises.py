@@ -3,9 +3,10 @@ exercise that asks for code fails on its unmodified starter file: the committed 
 working copy keeps these tests green. Fast tier: the code checks at tiny sizes, in this process (seconds). Slow tier
 (-m slow): the experiments (tiny trainings of the real scripts, then analyze.py), the exercise-7 check on a trained
 run, a longer gated training and a short AttnScale one, the command line, and solved exercises in copies of the
-repository (with and without git). The fast tier also checks every exercise's rating and graded hints, and the caveat
-of exercise 1's identity: attention dropout breaks (I - P) 1 = 0 in training. In a students' copy (python
-exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
+repository (with and without git). The fast tier also checks every exercise's rating and graded hints, that the
+students' copy takes the committed starters, and the caveat of exercise 1's identity: attention dropout breaks
+(I - P) 1 = 0 in training. In a students' copy (python exercises/check.py --students-copy DIR) the tests of the
+solutions are skipped."""
 
 import ast
 import importlib.util
@@ -54,6 +55,7 @@ def run_check(capsys, *argv):
 TINY = {4: ["--depth=6", "--n_seq=8", "--figure=False"],  # options that keep a code check to a second or less;
         6: ["--dataset=synthetic", "--steps=0", "--val_images=64"],  # the slow tier draws the figure and trains
         10: ["--dataset=synthetic", "--steps=0", "--val_images=64", "--rho_images=64"]}
+GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
 
 
 @pytest.fixture
@@ -308,6 +310,37 @@ def test_ex10_rho_is_analyzes(one_thread):
         assert block_ours == pytest.approx(block_theirs, rel=1e-3, abs=1e-8)
 
 
+@needs_solutions
+@pytest.mark.skipif(shutil.which("git") is None, reason="the students' copy needs git")
+def test_the_students_copy_takes_the_committed_starters(tmp_path, capsys, monkeypatch):
+    """An instructor who tried exercise 1 in the working tree still hands out its starter: the copy takes every
+    starter from the last commit and names those that differ here. A starter that the last commit lacks stops it."""
+    repo = tmp_path / "repo"
+    (repo / "exercises").mkdir(parents=True)
+    for number, name in check.FILES.items():
+        shutil.copy(committed_starter(number, tmp_path)[0], repo / "exercises" / name)
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the starters"]):
+        subprocess.run(GIT + argv, cwd=repo, check=True, capture_output=True)
+    starter = (repo / "exercises" / check.FILES[1]).read_text()
+    solution = open(os.path.join(EXERCISES, "solutions", check.FILES[1])).read()
+    (repo / "exercises" / check.FILES[1]).write_text(solution)  # solved, not committed
+    monkeypatch.setattr(check, "HERE", str(repo / "exercises"))
+    status, out = run_check(capsys, "--students-copy", tmp_path / "class")
+    assert status == 0 and "the starters as last committed" in out, out
+    differ = "  not from this working tree, where they differ (solved?): exercises/ex1_laplacian.py"
+    assert out.splitlines()[-1] == differ
+    assert (tmp_path / "class" / "exercises" / check.FILES[1]).read_text() == starter != solution
+    for name in check.FILES.values():
+        assert (tmp_path / "class" / "exercises" / name).read_bytes() == (repo / "exercises" / name).read_bytes() \
+            or name == check.FILES[1]
+    lacking = f"exercises/{check.FILES[9]}"
+    for argv in (["rm", "-q", "--cached", lacking], ["commit", "-q", "-m", "exercise 9 untracked"]):
+        subprocess.run(GIT + argv, cwd=repo, check=True, capture_output=True)
+    status, out = run_check(capsys, "--students-copy", tmp_path / "class2")
+    assert status == 2 and out == (f"error: --students-copy takes the starters from the last commit, which lacks "
+                                   f"{lacking}: commit them first\n")
+    assert not (tmp_path / "class2").exists()
+
 # ---------------------------------------------------------------- slow tier: the experiments, on tiny runs
 
 
@@ -512,9 +545,8 @@ def test_solving_the_exercises_keeps_the_tests_green(tmp_path, capsys):
     assert run_check(capsys, "--students-copy", clone)[0] == 0  # the working tree, then committed in a new repository
     shutil.copytree(os.path.join(EXERCISES, "solutions"), clone / "exercises" / "solutions")
     shutil.copy(os.path.join(EXERCISES, "INSTRUCTOR.md"), clone / "exercises")
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
     for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the course"]):
-        subprocess.run(git + argv, cwd=clone, check=True, capture_output=True)
+        subprocess.run(GIT + argv, cwd=clone, check=True, capture_output=True)
     solve_in(clone)
     p = pytest_in(clone)
     assert p.returncode == 0 and " passed" in p.stdout and "skipped" not in p.stdout, p.stdout[-3000:]
