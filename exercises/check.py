@@ -720,7 +720,7 @@ def write_expected():
 
 def page_section(number):
     """Exercise `number`'s section of exercises/README.md, from its heading to the next."""
-    with open(PAGE) as f:
+    with open(PAGE, encoding="utf-8") as f:  # the page writes lambda as λ
         page = f.read()
     return re.search(rf"^## Exercise {number}:.*?(?=^## |\Z)", page, re.M | re.S).group(0)
 
