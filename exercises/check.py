@@ -2,14 +2,15 @@
 The checks of the nanolap exercises (exercises/README.md), one command per exercise:
 
     python exercises/check.py 2                  # checks your exercises/ex2_laplacian_head.py
+    python exercises/check.py 2 --hint           # the first hint; --hint=2 the second, and so on
     python exercises/check.py 2 --solution       # checks the reference, exercises/solutions/ex2_laplacian_head.py
     python exercises/check.py 4 --depth=48       # options go after the number (--key=value); --help lists them
     python exercises/check.py --students-copy DIR    # instructors: the repository without solutions/ and INSTRUCTOR.md
 
-Exercises that ask for code (1, 2, 3, 4, 6, 7) end in PASS or FAIL (exit status 0 or 1). The experiments (5, 8)
-read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is
-part of the exercise. It compares your code with nanolap.py, with analyze.py's numbers, or with values the
-reference solutions gave on fixed inputs (exercises/expected.json): it holds no answer.
+Exercises that ask for code (1, 2, 3, 4, 6, 7, 9, 10) end in PASS or FAIL (exit status 0 or 1). The experiments (5,
+8) read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is part
+of the exercise. It compares your code with nanolap.py, with analyze.py's numbers, or with values the reference
+solutions gave on fixed inputs (exercises/expected.json): it holds no answer.
 """
 
 import ast
@@ -19,6 +20,7 @@ import inspect
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,7 +38,8 @@ from data import augment, images, text  # noqa: E402
 from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
 
 FILES = {1: "ex1_laplacian.py", 2: "ex2_laplacian_head.py", 3: "ex3_first_token.py", 4: "ex4_oversmoothing.py",
-         6: "ex6_gated_heads.py", 7: "ex7_spectrum.py"}  # the exercises that ask for code, and their files
+         6: "ex6_gated_heads.py", 7: "ex7_spectrum.py", 9: "ex9_kv_cache.py",
+         10: "ex10_attnscale.py"}  # the exercises that ask for code, and their files
 OPTIONS = {  # each exercise's options (--key=value after the number) and their defaults
     1: dict(seed=0),
     2: dict(seed=0),
@@ -49,10 +52,15 @@ OPTIONS = {  # each exercise's options (--key=value after the number) and their 
             val_images=2000, seed=0),
     7: dict(run="", max_samples=1000, seed=0),  # run: a train_vit.py out_dir; max_samples as given to analyze.py
     8: dict(out="out/ex8", sample_chars=200, seed=0),  # the folder of the two runs; analyze.py wrote OUT/analysis/
+    9: dict(seed=0),
+    10: dict(steps=600, batch_size=128, lr=3e-3, lam_lr=3e-3,  # steps=0: only test the module and evaluate
+             heads="attnscale", dataset="fashion_mnist", data_dir="data",  # heads: attnscale | attention | laplacian
+             val_images=2000, rho_images=500, seed=0),  # rho_images: validation images of the per-head analysis
 }
 
 
 EXPECTED = os.path.join(HERE, "expected.json")  # fixed inputs and what the reference solutions return for them
+PAGE = os.path.join(HERE, "README.md")  # the exercises' page: each one's rating and hints
 
 
 def load(number, solution=False):
@@ -72,11 +80,12 @@ def load_file(path):
 
 
 def expected(number):
-    """Exercise `number`'s cases in exercises/expected.json: inputs as nested lists (made tensors here) and the
-    reference solution's outputs for them."""
+    """Exercise `number`'s cases in exercises/expected.json: inputs and outputs as nested lists (made float32 tensors
+    here) and numbers, what the reference solution returned for the inputs."""
     with open(EXPECTED) as f:
         cases = json.load(f)[str(number)]
-    return [dict(case, h=torch.tensor(case["h"], dtype=torch.float32)) for case in cases]
+    return [{key: torch.tensor(value) if isinstance(value, list) else value for key, value in case.items()}
+            for case in cases]
 
 
 def expect(ok, what):
@@ -322,27 +331,31 @@ def check_gates(ex, seed):
                        + ("None" if grad is None else " ".join(f"{v:.3g}" for v in grad.tolist())))
 
 
-def train_image_model(model, data, steps, batch_size, lr, gate_lr, val_images, seed):
-    """AdamW on random training batches of data (images.load_images; no augmentation), cosine learning rates; the
-    gates get their own learning rate and no weight decay. Returns the accuracy on the first val_images validation
-    images."""
-    (x, y), (xv, yv) = data["train"], data["val"]
+HEAD_PARAMETERS = ("gate_logit", "lam")  # exercise 6's gates and exercise 10's lambdas: a learning rate of their own
+
+
+def normalised(imgs, model, data):
+    """uint8 images -> the model's normalised input (as training sees it, without augmentation)."""
     mean, std = torch.tensor(data["mean"]).view(1, -1, 1, 1), torch.tensor(data["std"]).view(1, -1, 1, 1)
+    return (augment.to_unit(imgs, model.config.img_size) - mean) / std
 
-    def prep(imgs):  # uint8 images -> the model's normalised input
-        return (augment.to_unit(imgs, model.config.img_size) - mean) / std
 
-    gates = [p for n, p in model.named_parameters() if n.endswith("gate_logit")]
-    rest = [p for n, p in model.named_parameters() if not n.endswith("gate_logit")]
-    groups = [dict(params=rest, lr=lr, weight_decay=0.05), dict(params=gates, lr=gate_lr, weight_decay=0.0)]
+def train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, seed):
+    """AdamW on random training batches of data (images.load_images; no augmentation), cosine learning rates; the
+    HEAD_PARAMETERS get their own learning rate and no weight decay, which would pull them back to their start. Returns
+    the accuracy on the first val_images validation images."""
+    (x, y), (xv, yv) = data["train"], data["val"]
+    heads = [p for n, p in model.named_parameters() if n.endswith(HEAD_PARAMETERS)]
+    rest = [p for n, p in model.named_parameters() if not n.endswith(HEAD_PARAMETERS)]
+    groups = [dict(params=rest, lr=lr, weight_decay=0.05), dict(params=heads, lr=head_lr, weight_decay=0.0)]
     opt = torch.optim.AdamW(groups) if steps else None  # --steps=0 evaluates the initial model
     g, t0 = torch.Generator().manual_seed(seed), time.time()
     model.train()
     for step in range(1, steps + 1):
-        for group, peak in zip(opt.param_groups, (lr, gate_lr)):  # cosine decay to 0
+        for group, peak in zip(opt.param_groups, (lr, head_lr)):  # cosine decay to 0
             group["lr"] = peak * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
         i = torch.randint(0, len(y), (batch_size,), generator=g)
-        loss = F.cross_entropy(model(prep(x[i])), y[i])
+        loss = F.cross_entropy(model(normalised(x[i], model, data)), y[i])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -351,7 +364,7 @@ def train_image_model(model, data, steps, batch_size, lr, gate_lr, val_images, s
     model.eval()
     with torch.no_grad():
         xv, yv = xv[:val_images], yv[:val_images]
-        correct = sum((model(prep(xv[i:i + 500])).argmax(-1) == yv[i:i + 500]).sum().item()
+        correct = sum((model(normalised(xv[i:i + 500], model, data)).argmax(-1) == yv[i:i + 500]).sum().item()
                       for i in range(0, len(yv), 500))
     return correct / len(yv)
 
@@ -441,14 +454,199 @@ def check_8(ex, out, sample_chars, seed):
         print(f"---- a sample of {r['run']} (n_lap={r['n_lap']}, temperature 0.8) ----\n{sample}")
     return True
 
+# ---- exercise 9: the KV cache of a Laplacian head ------------------------------------------------------------------
+
+SMALL = dict(n_layer=1, n_embd=8, n_head=2)  # the layers of the fixed cases in expected.json: 2 heads of size 4
+
+
+def fixed_layer(module, case):
+    """module (no biases) with the weights of a fixed case of exercises/expected.json, in eval mode."""
+    with torch.no_grad():
+        module.qkv.weight.copy_(case["qkv"])
+        module.proj.weight.copy_(case["proj"])
+    return module.eval()
+
+
+def cached_steps(ex, attn, x):
+    """ex.cached_step on the tokens of x (B, T, C) one at a time, from an empty cache: the outputs (B, T, C) and the
+    cache after the last token."""
+    B, T, _ = x.shape
+    empty = x.new_zeros(B, attn.n_head, 0, attn.head_dim)  # (B, H, 0, D): no token yet
+    cache = {"k": empty, "v": empty}
+    with torch.no_grad():
+        steps = [ex.cached_step(attn, x[:, t:t + 1], cache) for t in range(T)]  # T outputs (B, 1, C)
+    return torch.cat(steps, dim=1), cache
+
+
+def check_9(ex, seed):
+    ok = True
+    for case in expected(9):  # the reference solution's outputs on a fixed small layer
+        attn = fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **SMALL), case["n_lap"]), case)
+        got, _ = cached_steps(ex, attn, case["h"])
+        err = (got - case["out"]).abs().max().item() if got.shape == case["out"].shape else math.inf
+        ok &= expect(err < 1e-5, f"{case['name']}: max |the reference's - yours| = {err:.1e}")
+    # the whole sequence in one call of the layer (causal; no RoPE: attn(x) without `rope` skips it) against your
+    # steps; the cache must hold what an attention layer's holds, keys and values, and nothing more
+    for n_lap in (0, 2, 4):
+        torch.manual_seed(seed)
+        cfg = make_config("gpt-tiny", n_layer=1, vocab_size=10)
+        attn = randomise(MixedHeadAttention(cfg, n_lap), 0.1, seed).eval()
+        x = torch.randn(2, 9, cfg.n_embd)  # (B, T, C)
+        with torch.no_grad():
+            full = attn(x)  # (B, T, C)
+        got, cache = cached_steps(ex, attn, x)
+        err = (full - got).abs().max().item() if got.shape == full.shape else math.inf
+        ok &= expect(err <= 1e-5, f"n_lap={n_lap} of {cfg.n_head}, no RoPE: 9 cached steps against the whole sequence "
+                                  f"at once, max error {err:.1e}")
+        held = {name: tuple(t.shape) for name, t in cache.items()}
+        want = {name: (2, cfg.n_head, 9, cfg.n_embd // cfg.n_head) for name in ("k", "v")}
+        ok &= expect(held == want, f"n_lap={n_lap}: after 9 tokens the cache holds {held} (keys and values, "
+                                   f"(B, H, T, D) each)")
+    return ok
+
+# ---- exercise 10: a high-pass relative side by side ---------------------------------------------------------------
+
+def attnscale_by_matrix(module, config, x):
+    """The reference: AttnScale's P_lambda = U + (1 + lambda)(P - U) written out for every head, with U = 11^T / T,
+    times the values, then the projection. P comes from nanolap's explicit path, through a MixedHeadAttention that
+    holds module's weights."""
+    B, T, C = x.shape
+    H, D = module.n_head, module.head_dim
+    plain = MixedHeadAttention(config, n_lap=0).eval()
+    plain.load_state_dict(module.state_dict(), strict=False)  # strict=False: it has no lam
+    _, P = plain(x, explicit=True, return_attn=True)  # (B, H, T, T)
+    v = plain.qkv(x)[..., 2 * C:].reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D): the rows after q's and k's
+    U = torch.full((T, T), 1.0 / T)  # (T, T): every row the plain mean of the sequence
+    P_lam = U + (1 + module.lam.view(1, H, 1, 1)) * (P - U)  # (B, H, T, T); rows sum to 1 whatever lambda is
+    return plain.proj((P_lam @ v).transpose(1, 2).reshape(B, T, C))
+
+
+def fused_calls(module, x):
+    """How many F.scaled_dot_product_attention calls one forward of module makes."""
+    calls = []
+    fused = F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fused(*args, **kwargs)
+    F.scaled_dot_product_attention = counted
+    try:
+        with torch.no_grad():
+            module(x)
+    finally:
+        F.scaled_dot_product_attention = fused
+    return len(calls)
+
+
+def check_attnscale(ex, seed):
+    """The module against the written-out P_lambda: a fixed case, lambda = 0 (attention), -1 (the plain mean) and
+    mixed; one fused call per forward; the loss reaches every lambda."""
+    ok = True
+    for case in expected(10):  # the reference solution's outputs on a fixed small layer
+        module = fixed_layer(ex.AttnScaleAttention(make_config("vit-cpu", bias=False, **SMALL)), case)
+        with torch.no_grad():
+            module.lam.copy_(case["lam"])
+            got = module(case["h"])
+        err = (got - case["out"]).abs().max().item() if got.shape == case["out"].shape else math.inf
+        ok &= expect(err < 1e-5, f"{case['name']}: max |the reference's - yours| = {err:.1e}")
+    torch.manual_seed(seed)
+    cfg = make_config("vit-cpu", n_layer=1)
+    module = randomise(ex.AttnScaleAttention(cfg), 0.1, seed).eval()
+    x = torch.randn(2, 17, cfg.n_embd)  # (B, T, C)
+    for lam in ([0.0] * 4, [-1.0] * 4, [0.5, -0.5, -2.0, 1.5]):
+        with torch.no_grad():
+            module.lam.copy_(torch.tensor(lam))
+            got, want = module(x), attnscale_by_matrix(module, cfg, x)
+        err = (got - want).abs().max().item() if got.shape == want.shape else math.inf
+        ok &= expect(err < 1e-5, f"lambda = {lam}: against U + (1 + lambda)(P - U) written out, max error {err:.1e}")
+    calls = fused_calls(module, x)
+    ok &= expect(calls == 1, f"one forward makes {calls} F.scaled_dot_product_attention call(s): one gives every P V")
+    module(x).square().sum().backward()
+    grad = module.lam.grad
+    return ok & expect(grad is not None and grad.abs().min() > 0, "the loss reaches every lambda: gradient "
+                       + ("None" if grad is None else " ".join(f"{v:.3g}" for v in grad.tolist())))
+
+
+@torch.no_grad()
+def head_rho(model, imgs):
+    """Per block, every head's first-order change of the within-image variance of the patch tokens, as analyze.py's
+    heads analysis defines it: head h adds U_h (its output through its columns of the output projection) to the
+    block's input X, and rho_h = 2 <X_c, U_h> / |X_c|^2 over the images, X_c the patch tokens centred per image.
+    Negative: the head smooths the tokens. (The CPU ViT has no LayerScale, which would scale U_h.) Hooks read X and
+    the heads' outputs, the input of the output projection, so that any attention module with a `proj` fits."""
+    seen = []  # per block: [its input X (B, 1 + N, d), its heads' outputs (B, 1 + N, C)]
+
+    def block_input(block, args):
+        seen.append([args[0]])
+
+    def heads_output(proj, args):
+        seen[-1].append(args[0])
+    hooks = [block.register_forward_pre_hook(block_input) for block in model.blocks]
+    hooks += [block.attn.proj.register_forward_pre_hook(heads_output) for block in model.blocks]
+    model(imgs)
+    for hook in hooks:
+        hook.remove()
+    rho = []
+    for block, (x, y) in zip(model.blocks, seen):
+        H, D = block.attn.n_head, block.attn.head_dim
+        x = x[:, 1:].double()  # (B, N, d): the patch tokens (analyze.py's default, --tokens=patch)
+        y = y[:, 1:].double().unflatten(-1, (H, D))  # (B, N, H, D)
+        w_o = block.attn.proj.weight.double().unflatten(1, (H, D))  # (d, H, D): head h's columns
+        U = torch.einsum("bnhe,dhe->bnhd", y, w_o)  # (B, N, H, d): head h's update of every token
+        xc = x - x.mean(-2, keepdim=True)  # (B, N, d): centred per image
+        rho.append(2 * torch.einsum("bnd,bnhd->h", xc, U) / xc.square().sum())  # (H,)
+    return rho
+
+
+def check_10(ex, steps, batch_size, lr, lam_lr, heads, dataset, data_dir, val_images, rho_images, seed):
+    if not check_attnscale(ex, seed):
+        return False
+    if heads not in ("attnscale", "attention", "laplacian"):
+        raise common.UsageError(f"--heads={heads!r}: choose attnscale, attention or laplacian")
+    torch.manual_seed(seed)
+    data = images.load_images(dataset, data_dir)
+    n_lap = 4 if heads == "laplacian" else 0
+    cfg = make_config("vit-cpu", pooling="mean", num_classes=data["num_classes"], n_lap=n_lap)
+    model = ex.attnscale_model(cfg) if heads == "attnscale" else build_model(cfg)
+    print(f"training a vit-cpu with {heads} heads on {dataset}: {steps} steps of {batch_size} images")
+    acc = train_image_model(model, data, steps, batch_size, lr, lam_lr, val_images, seed)
+    print(f"  val_acc {acc:.4f} on {min(val_images, len(data['val'][1]))} validation images")
+    xv = data["val"][0][:rho_images]
+    rho = head_rho(model, normalised(xv, model, data))
+    print(f"  rho_h of every head on {len(xv)} validation images, the first-order change of the within-image "
+          f"variance of the patch tokens (negative: the head smooths them):")
+    for l, (block, r) in enumerate(zip(model.blocks, rho)):
+        lam = block.attn.lam.tolist() if heads == "attnscale" else []
+        print(f"    block {l + 1}: rho " + " ".join(f"{v:+.3f}" for v in r.tolist()) + f"   mean {r.mean():+.3f}"
+              + ("   lambda " + " ".join(f"{v:+.2f}" for v in lam) if lam else ""))
+    return True
+
 # ---- for instructors: the students' copy, and the expected values from the solutions ------------------------------
 
 HELD_BACK = ("exercises/solutions/", "exercises/INSTRUCTOR.md")  # what a students' copy leaves out
 
 
+def committed_starters(root):
+    """Every starter as the last commit holds it (git show HEAD:...), by path; a UsageError names those it lacks."""
+    committed = {}
+    missing = []
+    for name in FILES.values():
+        path = f"exercises/{name}"
+        shown = subprocess.run(["git", "show", f"HEAD:./{path}"], cwd=root, capture_output=True, timeout=60)
+        if shown.returncode == 0:
+            committed[path] = shown.stdout
+        else:
+            missing.append(path)
+    if missing:
+        raise common.UsageError(f"--students-copy takes the starters from the last commit, which lacks "
+                                f"{', '.join(missing)}: commit them first")
+    return committed
+
+
 def students_copy(dest):
     """Copy the repository as git sees it (the tracked files and the untracked ones it does not ignore: no runs, data
-    or virtual environment) to the new folder dest, without HELD_BACK."""
+    or virtual environment) to the new folder dest, without HELD_BACK. The starters come from the last commit, not
+    from the working tree: an instructor who tried an exercise here must not hand out the solved file."""
     root = os.path.dirname(HERE)
     if os.path.exists(dest):
         raise common.UsageError(f"--students-copy={dest}: it exists already; name a new folder")
@@ -459,17 +657,30 @@ def students_copy(dest):
         listed = None
     if listed is None or listed.returncode != 0:
         raise common.UsageError(f"--students-copy needs git and the repository's git checkout ({root} is none)")
-    files = [f for f in listed.stdout.split("\0") if f and not f.startswith(HELD_BACK)
+    starters = committed_starters(root)
+    files = [f for f in listed.stdout.split("\0") if f and not f.startswith(HELD_BACK) and f not in starters
              and os.path.isfile(os.path.join(root, f))]
     for f in files:
         os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
         shutil.copy2(os.path.join(root, f), os.path.join(dest, f))
-    print(f"wrote {dest}: {len(files)} files, without {' and '.join(HELD_BACK)}")
+    changed = []
+    for f, content in starters.items():
+        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
+        with open(os.path.join(dest, f), "wb") as out:
+            out.write(content)
+        working = os.path.join(root, f)
+        if not os.path.isfile(working) or open(working, "rb").read() != content:
+            changed.append(f)
+    print(f"wrote {dest}: {len(files) + len(starters)} files, without {' and '.join(HELD_BACK)}; the starters as "
+          f"last committed")
+    if changed:
+        print(f"  not from this working tree, where they differ (solved?): {', '.join(changed)}")
 
 
 def write_expected():
-    """exercises/expected.json: fixed tokens (small integers, exact in any float type) and what the reference solutions
-    of exercises 4 and 7 return for them. Run it after changing a case or a solution."""
+    """exercises/expected.json: fixed inputs (small integers, exact in any float type; the layers' weights quarters of
+    them) and what the reference solutions of exercises 4, 7, 9 and 10 return for them. Run it after changing a case
+    or a solution."""
     g = torch.Generator().manual_seed(0)
 
     def ints(*shape, low=-9, high=10):
@@ -482,15 +693,67 @@ def write_expected():
     ex4, ex7 = load(4, solution=True), load(7, solution=True)
     values = {4: lambda h: {"within_seq_frac": ex4.within_seq_frac(h)},
               7: lambda h: {f"k_{a}": ex7.k_alpha(h, a) for a in ALPHAS}}
-    lines = [f'"{n}": [\n' + ",\n".join(json.dumps(dict(name=name, h=h.tolist(), **values[n](h))) for name, h in c) + "\n]"
-             for n, c in cases.items()]  # one case per line
+    written = {n: [dict(name=name, h=h.tolist(), **values[n](h)) for name, h in c] for n, c in cases.items()}
+    C = SMALL["n_embd"]
+    # weights of a quarter and tokens of a few units: scores of order 1, so that P is neither uniform nor one-hot
+    weights = dict(qkv=ints(3 * C, C, low=-2, high=3) / 4, proj=ints(C, C, low=-2, high=3) / 4)
+    h = ints(1, 6, C, low=-3, high=4)  # (B, T, C)
+    attn = fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **SMALL), n_lap=1), weights)
+    out = cached_steps(load(9, solution=True), attn, h)[0]
+    written[9] = [dict(name="2 heads of size 4, the second Laplacian, 6 tokens", n_lap=1,
+                       **{k: w.tolist() for k, w in weights.items()}, h=h.tolist(), out=out.tolist())]
+    relative = load(10, solution=True).AttnScaleAttention(make_config("vit-cpu", bias=False, **SMALL))
+    module = fixed_layer(relative, weights)
+    lam = torch.tensor([0.5, -2.0])
+    with torch.no_grad():
+        module.lam.copy_(lam)
+        out = module(h)
+    written[10] = [dict(name="2 heads of size 4, lambda 0.5 and -2, 6 tokens", lam=lam.tolist(),
+                        **{k: w.tolist() for k, w in weights.items()}, h=h.tolist(), out=out.tolist())]
+    lines = [f'"{n}": [\n' + ",\n".join(json.dumps(case) for case in c) + "\n]"
+             for n, c in written.items()]  # one case per line
     with common.atomic_write(EXPECTED) as f:
         f.write(("{\n" + ",\n".join(lines) + "\n}\n").encode())
     print(f"wrote {EXPECTED}")
 
+# ---- the exercises' page: each one's rating and hints -------------------------------------------------------
+
+def page_section(number):
+    """Exercise `number`'s section of exercises/README.md, from its heading to the next."""
+    with open(PAGE, encoding="utf-8") as f:  # the page writes lambda as λ
+        page = f.read()
+    return re.search(rf"^## Exercise {number}:.*?(?=^## |\Z)", page, re.M | re.S).group(0)
+
+
+def rating(number):
+    """The section's rating line: 'difficulty d/5, importance i/5, about m minutes'."""
+    line = re.search(r"^Difficulty (\d)/5, importance (\d)/5, about (\d+) minutes\.$", page_section(number), re.M)
+    return f"difficulty {line[1]}/5, importance {line[2]}/5, about {line[3]} minutes"
+
+
+def hints(number):
+    """The section's hints, in order: each in a <details> block, folded on the page until a student opens it."""
+    return re.findall(r"^<details><summary>Hint \d</summary>\n\n(.*?)\n\n</details>$", page_section(number),
+                      re.M | re.S)
+
+
+def show_hint(number, option):
+    """Print hint k of --hint=k (--hint: k = 1) and say how to see the next; returns the exit status."""
+    found = hints(number)
+    k = option.partition("=")[2] or "1"
+    if not k.isdigit() or not 1 <= int(k) <= len(found):
+        print(f"error: {option}: exercise {number} has hints 1 to {len(found)}")
+        return 2
+    print(f"exercise {number} ({rating(number)}), hint {k} of {len(found)}:\n")
+    print(textwrap.indent(found[int(k) - 1], "  "))
+    if int(k) < len(found):
+        print(f"\nthe next hint: python exercises/check.py {number} --hint={int(k) + 1}")
+    return 0
+
 # ---- run ----------------------------------------------------------------------------------------------------------
 
-CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6, 7: check_7, 8: check_8}
+CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6, 7: check_7, 8: check_8, 9: check_9,
+          10: check_10}
 
 
 def main(argv=None):
@@ -504,19 +767,22 @@ def main(argv=None):
             return 2
         return 0
     if not argv or not argv[0].isdigit() or int(argv[0]) not in CHECKS:
-        print(__doc__.strip() + "\n\nusage: python exercises/check.py N [--solution] [--key=value ...], N in 1..8; "
-              "python exercises/check.py --students-copy DIR")
+        print(__doc__.strip() + f"\n\nusage: python exercises/check.py N [--hint[=K]] [--solution] [--key=value ...], "
+              f"N in 1..{max(CHECKS)}; python exercises/check.py --students-copy DIR")
         return 0 if {"-h", "--help"} & set(argv) else 2
     number, rest = int(argv[0]), argv[1:]
     if {"-h", "--help"} & set(rest):
         print(f"exercise {number} options: " + " ".join(f"--{k}={v!r}" for k, v in OPTIONS[number].items()))
         return 0
+    asked = [a for a in rest if a == "--hint" or a.startswith("--hint=")]
+    if asked:
+        return show_hint(number, asked[-1])
     solution = "--solution" in rest
     try:
         options = common.parse_args(OPTIONS[number], [a for a in rest if a != "--solution"])
         module = load(number, solution) if number in FILES else None
-        if module is not None:
-            print(f"exercise {number}: checking {os.path.relpath(module.__file__)}")
+        what = f"checking {os.path.relpath(module.__file__)}" if module is not None else "your runs"
+        print(f"exercise {number} ({rating(number)}): {what}")
         ok = CHECKS[number](module, **options)
     except common.UsageError as e:
         print(f"error: {e}")

@@ -2,8 +2,11 @@
 exercise that asks for code fails on its unmodified starter file: the committed one, so that a student's solved
 working copy keeps these tests green. Fast tier: the code checks at tiny sizes, in this process (seconds). Slow tier
 (-m slow): the experiments (tiny trainings of the real scripts, then analyze.py), the exercise-7 check on a trained
-run, a longer gated training, the command line, and solved exercises in copies of the repository (with and without
-git). In a students' copy (python exercises/check.py --students-copy DIR) the tests of the solutions are skipped."""
+run, a longer gated training and a short AttnScale one, the command line, and solved exercises in copies of the
+repository (with and without git). The fast tier also checks every exercise's rating and graded hints, that the
+students' copy takes the committed starters, and the caveat of exercise 1's identity: attention dropout breaks
+(I - P) 1 = 0 in training. In a students' copy (python exercises/check.py --students-copy DIR) the tests of the
+solutions are skipped."""
 
 import ast
 import importlib.util
@@ -50,7 +53,9 @@ def run_check(capsys, *argv):
 
 
 TINY = {4: ["--depth=6", "--n_seq=8", "--figure=False"],  # options that keep a code check to a second or less;
-        6: ["--dataset=synthetic", "--steps=0", "--val_images=64"]}  # the slow tier draws the figure and trains
+        6: ["--dataset=synthetic", "--steps=0", "--val_images=64"],  # the slow tier draws the figure and trains
+        10: ["--dataset=synthetic", "--steps=0", "--val_images=64", "--rho_images=64"]}
+GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
 
 
 @pytest.fixture
@@ -73,6 +78,9 @@ def test_check_passes_on_the_solution(number, capsys, one_thread):
     assert "[FAIL]" not in out and f"solutions/{check.FILES[number]}" in out
     if number == 6:
         assert len(re.findall(r"layer \d: ([\d.]+ ){4}", out)) == 4  # the gates of every layer
+    if number == 10:
+        assert len(re.findall(r"block \d: rho ([-+][\d.]+ ){4}  mean [-+][\d.]+   lambda ([-+][\d.]+ ?){4}$", out,
+                              re.M)) == 4  # every head's rho and lambda in every block
 
 
 @pytest.mark.parametrize("number", sorted(check.FILES))
@@ -157,8 +165,8 @@ def test_a_student_error_is_a_fail_with_its_traceback(tmp_path, capsys, monkeypa
 
 def test_options_and_usage(capsys):
     assert run_check(capsys, 2, "--depth=3")[0] == 2  # an option of another exercise
-    status, out = run_check(capsys, 9)
-    assert status == 2 and "usage: python exercises/check.py N" in out
+    status, out = run_check(capsys, max(check.CHECKS) + 1)
+    assert status == 2 and "usage: python exercises/check.py N" in out and f"N in 1..{max(check.CHECKS)}" in out
     status, out = run_check(capsys, 4, "--help")
     assert status == 0 and "--depth=24" in out
 
@@ -173,6 +181,165 @@ def test_readme_has_every_exercise_and_its_check():
     for number, name in check.FILES.items():
         assert f"exercises/{name}" in readme
         assert os.path.isfile(os.path.join(EXERCISES, "solutions", name)) or not has_solutions
+
+def solution_code(number):
+    """The code of exercise `number`'s reference solution without docstrings and comments, spaces removed."""
+    tree = ast.parse(open(os.path.join(EXERCISES, "solutions", check.FILES[number])).read())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):  # a docstring
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree).replace(" ", "")
+
+
+@pytest.mark.parametrize("number", sorted(check.CHECKS))
+def test_every_exercise_has_a_rating_and_graded_hints(number, capsys):
+    """The page gives each exercise a difficulty, an importance and its minutes, and two or three hints that --hint
+    shows one at a time; the first hint quotes no code of the solution."""
+    assert re.fullmatch(r"difficulty [1-5]/5, importance [1-5]/5, about \d+ minutes", check.rating(number))
+    hints = check.hints(number)
+    assert 2 <= len(hints) <= 3 and len(set(hints)) == len(hints)
+    assert len(re.findall(r"<summary>Hint \d</summary>", check.page_section(number))) == len(hints)
+    for k, hint in enumerate(hints, 1):
+        status, out = run_check(capsys, number, f"--hint={k}")
+        assert status == 0 and out.startswith(f"exercise {number} ({check.rating(number)}), hint {k} of {len(hints)}")
+        assert hint.splitlines()[0] in out and all(other.splitlines()[0] not in out for other in hints if other != hint)
+        assert (f"--hint={k + 1}" in out) == (k < len(hints))
+    assert run_check(capsys, number, "--hint")[1] == run_check(capsys, number, "--hint=1")[1]
+    status, out = run_check(capsys, number, f"--hint={len(hints) + 1}")
+    assert status == 2 and out == f"error: --hint={len(hints) + 1}: exercise {number} has hints 1 to {len(hints)}\n"
+    if number in check.FILES and os.path.isdir(os.path.join(EXERCISES, "solutions")):
+        code = solution_code(number)
+        for quoted in re.findall(r"`([^`]+)`", hints[0]):
+            assert len(quoted.replace(" ", "")) < 8 or quoted.replace(" ", "") not in code, quoted
+
+
+def test_a_check_shows_the_exercises_rating(capsys, one_thread):
+    solution = ["--solution"] if os.path.isdir(os.path.join(EXERCISES, "solutions")) else []
+    out = run_check(capsys, 1, *solution)[1]
+    assert out.startswith(f"exercise 1 ({check.rating(1)}): checking ")
+    assert check.rating(1) == "difficulty 1/5, importance 5/5, about 10 minutes"
+
+
+def test_the_identity_needs_rows_that_sum_to_one_so_attention_dropout_breaks_it():
+    """(I - P) 1 = 0 (exercise 1) holds because the rows of P sum to 1. Attention dropout in training zeroes entries of
+    P and scales up the rest: the rows no longer sum to 1, and a Laplacian head passes part of a vector that every
+    token's value shares. Without dropout, or at evaluation, the identity holds."""
+    import torch
+    from nanolap import MixedHeadAttention, make_config
+    torch.manual_seed(0)
+    T = 17
+    x = torch.randn(2, T, 64)
+    ones = torch.ones(T, 1)
+    for dropout, training, holds in ((0.0, True, True), (0.2, False, True), (0.2, True, False)):
+        attn = MixedHeadAttention(make_config("vit-cpu", n_layer=1, dropout=dropout), n_lap=4).train(training)
+        _, P = attn(x, explicit=True, return_attn=True)  # (B, H, T, T), as the heads used it
+        error = ((torch.eye(T) - P) @ ones).abs().max().item()  # max |(I - P) 1|
+        assert (error < 1e-6) == holds and (holds or error > 0.1), (dropout, training, error)
+        torch.manual_seed(1)  # the same dropout masks in both calls
+        before = attn(x, explicit=True)
+        with torch.no_grad():  # every token's value + c, through the value bias
+            attn.qkv.bias[2 * 64:] += 10
+        torch.manual_seed(1)
+        moved = (attn(x, explicit=True) - before).abs().max().item()
+        assert (moved < 1e-3) == holds, (dropout, training, moved)
+
+
+@needs_solutions
+def test_ex9_check_fails_on_a_cache_that_holds_more(capsys, monkeypatch, one_thread):
+    """A Laplacian head needs only keys and values: the check fails a step that caches anything else."""
+    import torch
+    solution = check.load(9, solution=True)
+
+    def cached_step(attn, x, cache):
+        y = solution.cached_step(attn, x, cache)
+        cache["y"] = torch.cat([cache["y"], y], dim=1) if "y" in cache else y  # the outputs too: not needed
+        return y
+    more = type(sys)("more")
+    more.__file__ = solution.__file__
+    more.cached_step = cached_step
+
+    def load(number, solution=False):
+        return more
+    monkeypatch.setattr(check, "load", load)
+    status, out = run_check(capsys, 9)
+    assert status == 1 and out.count("[FAIL]") == 3 and "'y': (2, 9, 128)" in out, out
+
+
+@needs_solutions
+def test_ex10_check_wants_one_fused_call(capsys, monkeypatch, one_thread):
+    """The written-out P_lambda is right but materialises T x T matrices: the check fails it on the fused call."""
+    solution = check.load(10, solution=True)
+
+    class ByMatrix(solution.AttnScaleAttention):
+        def __init__(self, config):
+            super().__init__(config)
+            self.config = config
+
+        def forward(self, x, rope=None, explicit=False, return_attn=False):
+            return check.attnscale_by_matrix(self, self.config, x)
+    by_matrix = type(sys)("by_matrix")
+    by_matrix.__file__ = solution.__file__
+    by_matrix.AttnScaleAttention = ByMatrix
+
+    def load(number, solution=False):
+        return by_matrix
+    monkeypatch.setattr(check, "load", load)
+    status, out = run_check(capsys, 10, *TINY[10])
+    assert status == 1 and out.count("[FAIL]") == 1, out
+    assert "[FAIL] one forward makes 0 F.scaled_dot_product_attention call(s)" in out
+
+
+def test_ex10_rho_is_analyzes(one_thread):
+    """check.py's per-head first-order change is analyze.py's (its heads analysis on the patch tokens)."""
+    import torch
+    sys.path.insert(0, ROOT)
+    import analyze
+    from nanolap import build_model, make_config
+    torch.manual_seed(0)
+    model = check.randomise(build_model(make_config("vit-cpu", n_lap=[0, 1, 2, 4])), 0.3, 0).eval()
+    img = torch.randn(8, 1, 28, 28)
+    stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
+    with torch.no_grad():
+        analyze.update_heads(model, model.embed(img), None, stats, analyze.patch_tokens)
+    theirs = [layer["rho"] for layer in analyze.head_results(model, stats)["layers"]]
+    ours = [rho.tolist() for rho in check.head_rho(model, img)]
+    assert len(ours) == len(theirs) == 4
+    for block_ours, block_theirs in zip(ours, theirs):
+        assert block_ours == pytest.approx(block_theirs, rel=1e-3, abs=1e-8)
+
+
+@needs_solutions
+@pytest.mark.skipif(shutil.which("git") is None, reason="the students' copy needs git")
+def test_the_students_copy_takes_the_committed_starters(tmp_path, capsys, monkeypatch):
+    """An instructor who tried exercise 1 in the working tree still hands out its starter: the copy takes every
+    starter from the last commit and names those that differ here. A starter that the last commit lacks stops it."""
+    repo = tmp_path / "repo"
+    (repo / "exercises").mkdir(parents=True)
+    for number, name in check.FILES.items():
+        shutil.copy(committed_starter(number, tmp_path)[0], repo / "exercises" / name)
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the starters"]):
+        subprocess.run(GIT + argv, cwd=repo, check=True, capture_output=True)
+    starter = (repo / "exercises" / check.FILES[1]).read_text()
+    solution = open(os.path.join(EXERCISES, "solutions", check.FILES[1])).read()
+    (repo / "exercises" / check.FILES[1]).write_text(solution)  # solved, not committed
+    monkeypatch.setattr(check, "HERE", str(repo / "exercises"))
+    status, out = run_check(capsys, "--students-copy", tmp_path / "class")
+    assert status == 0 and "the starters as last committed" in out, out
+    differ = "  not from this working tree, where they differ (solved?): exercises/ex1_laplacian.py"
+    assert out.splitlines()[-1] == differ
+    assert (tmp_path / "class" / "exercises" / check.FILES[1]).read_text() == starter != solution
+    for name in check.FILES.values():
+        assert (tmp_path / "class" / "exercises" / name).read_bytes() == (repo / "exercises" / name).read_bytes() \
+            or name == check.FILES[1]
+    lacking = f"exercises/{check.FILES[9]}"
+    for argv in (["rm", "-q", "--cached", lacking], ["commit", "-q", "-m", "exercise 9 untracked"]):
+        subprocess.run(GIT + argv, cwd=repo, check=True, capture_output=True)
+    status, out = run_check(capsys, "--students-copy", tmp_path / "class2")
+    assert status == 2 and out == (f"error: --students-copy takes the starters from the last commit, which lacks "
+                                   f"{lacking}: commit them first\n")
+    assert not (tmp_path / "class2").exists()
 
 # ---------------------------------------------------------------- slow tier: the experiments, on tiny runs
 
@@ -263,6 +430,16 @@ def test_ex6_gates_learn(capsys):
 
 @needs_solutions
 @pytest.mark.slow
+def test_ex10_lambdas_learn(capsys):
+    status, out = run_check(capsys, 10, "--solution", "--dataset=synthetic", "--steps=30", "--batch_size=32",
+                            "--rho_images=64")
+    assert status == 0 and "PASS: exercise 10" in out
+    lams = [float(v) for v in re.findall(r"block 1: rho .*   lambda (.*)$", out, re.M)[0].split()]
+    assert len(lams) == 4 and all(abs(v) > 1e-3 for v in lams)  # they moved from 0
+
+
+@needs_solutions
+@pytest.mark.slow
 def test_ex4_draws_the_figure(tmp_path, capsys):
     status, out = run_check(capsys, 4, "--solution", f"--out={tmp_path}")
     assert status == 0 and (tmp_path / "collapse.png").stat().st_size > 10000
@@ -303,6 +480,19 @@ def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, 
         assert {f"k_{a}": case[f"k_{a}"] for a in analyze.ALPHAS} == pytest.approx(
             {f"k_{a}": stats.result()[f"k_{a}"] for a in analyze.ALPHAS}), case["name"]
     assert check.ALPHAS == analyze.ALPHAS
+    from nanolap import MixedHeadAttention, make_config
+    for case in check.expected(9):  # the cached steps are the whole sequence in one call of nanolap's layer
+        attn = check.fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **check.SMALL),
+                                                    case["n_lap"]), case)
+        with torch.no_grad():
+            assert torch.allclose(attn(case["h"]), case["out"], atol=1e-5), case["name"]
+    ex10 = check.load(10, solution=True)
+    for case in check.expected(10):  # the fused module is P_lambda written out
+        cfg = make_config("vit-cpu", bias=False, **check.SMALL)
+        module = check.fixed_layer(ex10.AttnScaleAttention(cfg), case)
+        with torch.no_grad():
+            module.lam.copy_(case["lam"])
+            assert torch.allclose(check.attnscale_by_matrix(module, cfg, case["h"]), case["out"], atol=1e-5)
 
 
 def test_check_holds_no_answer_and_imports_no_script():
@@ -355,9 +545,8 @@ def test_solving_the_exercises_keeps_the_tests_green(tmp_path, capsys):
     assert run_check(capsys, "--students-copy", clone)[0] == 0  # the working tree, then committed in a new repository
     shutil.copytree(os.path.join(EXERCISES, "solutions"), clone / "exercises" / "solutions")
     shutil.copy(os.path.join(EXERCISES, "INSTRUCTOR.md"), clone / "exercises")
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
     for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the course"]):
-        subprocess.run(git + argv, cwd=clone, check=True, capture_output=True)
+        subprocess.run(GIT + argv, cwd=clone, check=True, capture_output=True)
     solve_in(clone)
     p = pytest_in(clone)
     assert p.returncode == 0 and " passed" in p.stdout and "skipped" not in p.stdout, p.stdout[-3000:]
