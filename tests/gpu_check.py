@@ -1,49 +1,65 @@
 """
-nanolap on one GPU, checked in two commands of at most 5 minutes each: no network, no data but what travels with the
-repository (see Data below).
+nanolap on one GPU, checked in two commands of at most 5 minutes each, start-up included: no network, and no data
+but what the check generates, except Fashion-MNIST for `default` (see Data below).
 
-    python tests/gpu_check.py --only=equal,cost,tests --out_dir=out-gpu-check/model            # planned: 4.5 minutes
-    python tests/gpu_check.py --only=scripts,default,torchrun --out_dir=out-gpu-check/scripts  # planned: 4.5 minutes
+    python tests/gpu_check.py --only=equal,tests,torchrun,cost --out_dir=out-gpu-check/model   # plans 280 s
+    python tests/gpu_check.py --only=scripts,default --out_dir=out-gpu-check/scripts            # plans 280 s
 
-Parts (each adds rows to one table; any failed row makes the exit status 1; a machine without CUDA gets one line
-and exit status 2):
+Parts (each adds rows to one table; a failed row makes the exit status 1; a machine without CUDA gets one line and
+exit status 2):
   equal     the fused path equals the explicit (I - P) V path on CUDA, logits and gradients, for a ViT and a GPT
             with a mixed per-layer n_lap, attention and uniform graphs: float32 (TF32 off) with SDPA restricted to
             the memory-efficient kernel, half precision autocast restricted to FlashAttention and then to the
             memory-efficient kernel (sdpa_kernel raises when the restricted kernel cannot run, so a passing row ran
             on it). Below compute capability 8.0 FlashAttention cannot run: its rows say so and do not fail
-  cost      forward+backward of an all-Laplacian model against the all-attention one with the same weights,
-            eager and compiled (every block through torch.compile(fullgraph=True, dynamic=False), dynamo reset
-            before each model; the scripts part times whole-model compilation), half precision autocast: ViT-S/16 at
-            197 tokens and a d12 GPT at T = 1024, batches sized to the GPU's free memory; the median of interleaved
-            rounds, as tests/benchmark.py does
-  scripts   train_vit.py (config/vit_cifar10.py's model on generated 32x32 colour images), train_gpt.py (a d12
-            GPT on shakespeare_char) and train_dino.py (its default recipe, 0.1 epochs) for a short run with
-            --compile_model=True in half precision: steps/s, images or tokens/s, MFU, peak memory, and compile time
-            (training and eval-mode graphs alike for the three: the first evaluation's time over the last one's)
+  cost      forward+backward in half precision autocast of ViT-S/16 at 197 tokens and a d12 GPT at T = 1024, each with
+            0, 3 and 6 of its 6 heads Laplacian (3 of 6: the mix of gpt_d20's 5 of 10 and of the DINO recipe; 6 of 6:
+            the ViT recipes) and the same weights: eager for every layout, then each layout's whole model compiled as
+            the scripts' --compile_model does (torch.compile(model)), in COMPILE_ORDER for as long as the compile times
+            measured so far say the next one fits; the median of interleaved rounds. It runs in a child process
+  scripts   the config/ recipes cut to SCRIPT_STEPS training steps (about a minute once compiled) on generated data,
+            in half precision: config/gpt_d20.py as nanochat's d12 (768 wide, 6 heads of 128, 3 Laplacian) at
+            T = 1024 with a GPT-2-sized vocabulary; config/vit_cifar10.py's DeiT-III recipe on ViT-S/16 at 224 px (6 of 6
+            Laplacian), both compiled as their recipes; config/dino_vits16_imagenet.py's ViT-S/16 (3 of 6 Laplacian,
+            2 global crops of 224 px and 8 local ones of 96 px), eager as that recipe. Rows: steps/s, images or tokens/s,
+            MFU, compile and warm-up time (training and evaluation graphs; DINO's is warm-up and k-NN), peak memory
   default   the CPU default ViT recipe to the end, in float32 (TF32 matmuls) as the CPU seeds ran (one process of
             batch 256: the global batch of the CPU default's 2 x 128); its accuracy must lie within their spread
-  torchrun  train_vit.py and train_gpt.py under torchrun with 1 process (2 where there are 2 GPUs): with one GPU the
-            world size is 1, so it exercises NCCL's start-up only, no gradient exchange
+  torchrun  train_gpt.py (and with 2 GPUs train_vit.py) under torchrun with 1 process (2 where there are 2 GPUs):
+            with one GPU the world size is 1, so it exercises NCCL's start-up only, no gradient exchange
   tests     the repository's CUDA-only tests (CUDA_TESTS)
 
 Half precision is bfloat16 from compute capability 8.0 on, float16 with a gradient scaler below it (a T4, a V100),
 as the scripts' --dtype=auto decides.
 
-Time: --deadline seconds for the whole command. Each part gets a share of the time left, by its plan (PLAN), and
-a part that would start after the deadline is a failed row; a command (and every process it started, torchrun's
-workers included) that outlives its share is killed, and if the whole check outlives its deadline by GRACE seconds
-it stops with one line. Each part's rows and the RESULT line so far go to out_dir/gpu_check.txt and
-out_dir/result.txt as soon as the part ends, so a killed check still leaves what it finished.
+The plan. A command has --deadline seconds from its process start (importing torch counts). It first prints its
+plan: each part (each run of scripts and torchrun) with the seconds it is planned to take and where they come from:
+this GPU's and this torch's last cold measurement in --measured (a JSON file each command updates: a run's seconds
+beside its training steps and per step; a cost compile's seconds, when Inductor took no graph from its cache), else
+ESTIMATE and training steps from their FLOPs at ASSUMED_MFU. What does not fit is skipped, lowest PRIORITY first (a
+row marked skip, RESULT skipped=N; run that part alone with --only), and a script run that does not fit whole is
+shortened, down to MIN_STEPS. The plan is made again from the time left as each part starts. A run may take SLACK
+times its plan, never the time planned for the runs after it; cost, last in its command, takes what is left and plans
+its compiles itself.
 
-Data (checked at the start: a run whose data are missing is a failed row at once, named in one line): Fashion-MNIST's
-four .gz files in data/fashion_mnist (or the Debian package's folder) for `default` and DINO, and
-data/shakespeare_char/{train,val}.bin and meta.json (python data/shakespeare_char/prepare.py) for the GPT runs;
-everything else is generated. The scripts' runs write under out_dir.
+A run that outlives its time is asked for its Python stacks (SIGUSR1, which the runs hand to faulthandler; pytest
+dumps them itself before its limit) and then killed with every process it started. Each run's output goes line by
+line, with the second it came, to out_dir/<part>-<run>.log, so a killed run keeps its lines; its row says its last
+line and where its stacks were (compiling, in torch.distributed, or the innermost frame): a slow compile is told from
+a hang. Each part's rows and the RESULT line so far go to out_dir/gpu_check.txt and out_dir/result.txt as the part
+ends. Should the command itself outlive its deadline by GRACE seconds (a part in this process that hangs), the
+watchdog dumps every stack, kills every run and exits in one line: deadline + GRACE + its DUMP_WAIT stay within the
+300 seconds a GPU lease allows a command.
+
+Data: the scripts train on generated data (32x32 colour images made by this file, resized on the device; a token
+set of 8-token words over GPT-2's vocabulary size, written to out_dir/data). `default` reads Fashion-MNIST's four
+.gz files from data/fashion_mnist or the Debian package's folder, checked at the start (missing: a failed row).
 """
 
 import atexit
+import faulthandler
 import itertools
+import json
 import math
 import os
 import re
@@ -55,9 +71,10 @@ import sys
 import threading
 import time
 from contextlib import nullcontext, suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -69,13 +86,14 @@ from conftest import float32_matmuls, randomise  # noqa: E402
 from data import images  # noqa: E402
 from nanolap import DINOHead, build_model, make_config  # noqa: E402
 
-only = "all"  # comma-separated parts: equal,cost,scripts,default,torchrun,tests (all = every part)
+only = "all"  # comma-separated parts, run in the order given: equal,tests,torchrun,cost,scripts,default (all = these)
 rounds = 7  # cost: interleaved rounds; the median ratio is reported
 repeats = 3  # cost: forward+backward passes per timing
 out_dir = "out-gpu-check"  # the scripts' runs go to out_dir/<run>, the rows to gpu_check.txt, the RESULT line to result.txt
-deadline = 280  # seconds for the whole command (a GPU lease allows 300 a command, start-up included)
+deadline = 280  # seconds for the whole command from its process start (a GPU lease allows 300 a command)
+measured = "out-gpu-check/measured.json"  # seconds measured by earlier commands on this GPU and torch: they plan the next
 
-PARTS = ("equal", "cost", "scripts", "default", "torchrun", "tests")
+PARTS = ("equal", "tests", "torchrun", "cost", "scripts", "default")
 # the tests that skip without CUDA (tests/test_compiled.py checks that this list names every one of them)
 CUDA_TESTS = ["tests/test_gpt.py::test_cuda_bf16_training_and_resume",
               "tests/test_nanolap.py::test_cuda_fused_equals_explicit_and_the_fast_kernel_is_eligible"]
@@ -83,40 +101,96 @@ CPU_DEFAULT_VAL_ACC = (0.9015, 0.8956, 0.9001)  # RESULTS.md: `python train_vit.
 # fused against explicit, max |difference| / max |explicit value|: float32 differs by summation order only; half
 # precision keeps 8 (bfloat16) or 11 (float16) significant bits, and the two paths round P, P V and V - P V apart
 EQUAL_LIMITS = {torch.float32: (1e-4, 1e-3), torch.bfloat16: (5e-2, 1e-1), torch.float16: (5e-2, 1e-1)}  # (logits, grads)
-COST_LIMIT = 1.10  # all-Laplacian / all-attention step time: one subtraction per head should cost almost nothing
-# planned seconds of each part on one GPU (shares of a command's deadline); not yet timed on a GPU
-PLAN = dict(equal=40, cost=130, tests=100, scripts=150, default=70, torchrun=60)
-GRACE = 15  # seconds past the deadline before the whole check stops (a part that overran its share is killed sooner)
-MIN_START = 5  # seconds: with less time left a part is not started
+COST_LIMIT = 1.10  # Laplacian / all-attention step time: one subtraction per head should cost almost nothing
+COST_LAYOUTS = (0, 3, 6)  # cost: Laplacian heads of 6 per layer
+# cost's compiles by priority (a ratio needs its model's n_lap = 0 too): the GPT at gpt_d20's mix, the ViT all-Laplacian
+# as the ViT recipes, the ViT at the DINO recipe's 3 of 6, the GPT all-Laplacian
+COMPILE_ORDER = [("gpt", 0), ("gpt", 3), ("vit", 0), ("vit", 6), ("vit", 3), ("gpt", 6)]
+# Planning estimates in seconds on one GPU, used until this GPU has measured them; guesses, not measurements (nothing
+# here has run on a GPU yet). A child process starts in about 10 s (Python, importing torch, a CUDA context); cold
+# Inductor compiles follow issue 40's reading of 70-110 s for a d12 GPT's start-up and its two compiles (training and
+# evaluation graphs), ViT-S/16 taken alike (12 blocks as well)
+ESTIMATE = {
+    "equal": 30,  # two small models, ten fused-against-explicit comparisons each, eager
+    "tests": 60,  # pytest's start and two CUDA-only tests (one trains a tiny GPT twice)
+    "torchrun gpt": 30,  # torchrun's agent, NCCL's start, a tiny GPT for 20 steps, eager
+    "torchrun vit": 30,
+    "default": 70,  # 4,212 eager steps of a 0.2M-parameter ViT (kernel launches, ~10 ms a step) and 18 evaluations
+    "cost": 30,  # the least cost needs: start-up and the eager timings; its compiles take what is left
+    "scripts gpt": 95,  # start-up 10, compiles 50 (training) + 25 (evaluation), a 1.6 GB checkpoint and 2 evaluations 10
+    "scripts vit": 80,  # start-up and generated images 12, compiles 45 + 20, evaluations and checkpoints 3
+    "scripts dino": 25,  # start-up 10, first steps 5 (eager: no compile), k-NN twice and a 100-step linear probe 10
+}
+COMPILE_ESTIMATE = {"gpt": 50, "vit": 45}  # cost: one cold whole-model compile, forward and backward
+ASSUMED_MFU = {"compiled": 0.25, "eager": 0.10}  # to plan training steps from their FLOPs (an assumption, not measured)
+PLANNING_PEAK = 65e12  # FLOP/s to plan with for a GPU that common.peak_flops does not know: a T4's, the slowest there
+# what a first GPU run most needs to learn, first: the fast paths are exact, the recipes' models compile and train at
+# GPU sizes, what Laplacian heads cost, the CUDA-only tests; torchrun on one GPU only starts NCCL, default repeats a
+# CPU result
+PRIORITY = ["equal", "scripts gpt", "cost", "scripts vit", "tests", "scripts dino", "torchrun gpt", "default",
+            "torchrun vit"]
+SCRIPT_STEPS = {"gpt": 100, "vit": 100, "dino": 100}  # training steps of a script run that fits whole
+MIN_STEPS = {"gpt": 30, "vit": 40, "dino": 30}  # the fewest that still give two rates between progress lines
+STEP_UNIT = {"gpt": 10, "vit": 20, "dino": 10}  # steps come in these (progress lines every 10; the ViT's two epochs)
+SCRIPT_MODE = {"gpt": "compiled", "vit": "compiled", "dino": "eager"}  # as config/'s recipes set compile_model
+SLACK = 1.5  # a run may take this many times its plan when the runs after it keep theirs
+KILLED_FACTOR = 1.25  # a run killed at its limit is planned next time at least this many times the time it had
+GRACE = 10  # seconds past the deadline before the watchdog stops the whole command
+DUMP_WAIT = 2  # seconds a killed run has to write its stacks
+KILL_S = DUMP_WAIT + 2  # seconds a run's kill may take (stacks, SIGKILL, the last lines): kept free of its limit
+CHILD_MARGIN = 5  # seconds the cost child ends before its limit (its last timing and its exit)
 GIB = 2**30
+TOKENS = "gpu_check_tokens"  # the generated token set, in out_dir/data
+TOKENS_VOCAB = 50257  # GPT-2's vocabulary size, as config/gpt_d20.py's FineWeb-Edu tokens; train_gpt.py pads it to 50304
+ROW_MARK = "gpu_check row "  # the cost child prints each row after this
 DATA = {  # the data a run reads, and how a fresh machine gets it
     "fashion_mnist": "data/fashion_mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (copy the four files of "
                      "the Debian package dataset-fashion-mnist)",
-    "shakespeare_char": "data/shakespeare_char/{train.bin,val.bin,meta.json} (python data/shakespeare_char/prepare.py)",
 }
 
 
-def row(part, check, value, limit="", ok=True, key=None, number=None):
-    """One line of the table; key=number also goes into the RESULT line."""
-    return dict(part=part, check=check, value=value, limit=limit, ok=bool(ok), key=key, number=number)
+def row(part, check, value, limit="", ok=True, key=None, number=None, skipped=False, measured=None):
+    """One line of the table; key=number also goes into the RESULT line. skipped: the plan had no time for it (neither
+    passed nor failed). measured: seconds this row's run took, for --measured (item: the plan's name for it)."""
+    return dict(part=part, check=check, value=value, limit=limit, ok=bool(ok), key=key, number=number,
+                skipped=skipped, measured=measured)
 
 
+def process_age(pid="self"):
+    """Seconds since a process started, from /proc/<pid>/stat (counted from the interpreter's start); 0 without /proc."""
+    with suppress(OSError, ValueError, IndexError):
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime: clock ticks after boot
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    return 0.0
+
+
+# ---- running a command: its lines kept, its stacks dumped, every process killed ----
 _runs = itertools.count()  # numbers the commands this process starts
+STACK_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')  # a line of a faulthandler dump
+STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ |^Timeout \(")
 
 
-def run_command(cmd, timeout, env=None):
+def run_command(cmd, timeout, env=None, log=None):
     """(return code, output lines with the seconds at which each arrived) of a command run in the repository root;
-    return code None when it ran past timeout seconds. Then the command and every process it started are killed,
-    also those in sessions of their own (torch elastic starts its workers so) that would keep the output open:
-    they carry GPU_CHECK_RUN in their environment, which kill_runs finds."""
+    return code None when it ran past timeout seconds. Then its processes are asked for their stacks (dump_stacks)
+    and killed with every process they started, also those in sessions of their own (torch elastic starts its
+    workers so) that would keep the output open: they carry GPU_CHECK_RUN in their environment, which kill_runs
+    finds. log: a file that gets each line as it arrives, so a run that is killed, or a check that the watchdog
+    stops, leaves its output."""
     token = f"{os.getpid()}-{next(_runs)}"
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "GPU_CHECK_RUN": token}
     start = time.perf_counter()
     lines = []
+    sink = open(log, "w") if log else None
 
     def read(stream):
         for line in stream:
             lines.append((time.perf_counter() - start, line.rstrip("\n")))
+            if sink:
+                with suppress(ValueError):  # closed: the command ended while a process still held its output
+                    sink.write(f"{lines[-1][0]:8.1f}  {lines[-1][1]}\n")
+                    sink.flush()
 
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -128,13 +202,31 @@ def run_command(cmd, timeout, env=None):
     except subprocess.TimeoutExpired:
         code = None
     timed_out = code is None or reader.is_alive()
+    if timed_out:
+        dump_stacks(token, lines)
     kill_runs(token)  # a timed-out command, and whatever a finished one left running
     if proc.poll() is None:  # no /proc to search (not Linux): its process group at least
         with suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     reader.join(5)  # the last lines of the killed processes; then stop reading whatever still holds the pipe
+    if sink:
+        sink.close()
     return (None if timed_out else code), list(lines)
+
+
+def dump_stacks(token, lines=None, wait=DUMP_WAIT):
+    """Ask every process of a run for its Python stacks before it is killed: SIGUSR1, which run_script_here and the
+    cost child hand to faulthandler (a process without that handler dies of it, as it would of the kill). Returns
+    once `lines` (the run's output so far) has been quiet for 0.3 s, at most `wait` seconds later."""
+    for pid in processes_of(token):
+        with suppress(OSError):
+            os.kill(pid, signal.SIGUSR1)
+    end = time.perf_counter() + wait
+    seen = -1
+    while time.perf_counter() < end and (lines is None or len(lines) != seen):
+        seen = -1 if lines is None else len(lines)
+        time.sleep(0.3)
 
 
 def processes_of(token):
@@ -165,14 +257,33 @@ def kill_runs(token):
         time.sleep(0.2)
 
 
+def where_stopped(lines):
+    """What a killed run was doing, from the stacks it dumped (faulthandler: innermost frame first): 'compiling' when
+    a frame lies in torch's compiler or Triton, 'in torch.distributed' when one lies there, else the innermost frame of
+    the first thread dumped; None when it dumped none."""
+    frames = [m.groups() for _, text in lines if (m := STACK_FRAME.match(text))]
+    if not frames:
+        return None
+    if any(re.search(r"torch/_(dynamo|inductor)/|/triton/", path) for path, _, _ in frames):
+        return "compiling"
+    if any("torch/distributed/" in path for path, _, _ in frames):
+        return "in torch.distributed"
+    path, line, function = frames[0]
+    return f"in {function} ({os.path.basename(path)}:{line})"
+
+
+def stopped_row(part, name, limit, lines, item=None):
+    """The failed row of a run killed at its limit: its last line with its second, and where its stacks were."""
+    output = [(t, text) for t, text in lines if not STACK_FRAME.match(text) and not STACK_HEADER.match(text) and text]
+    last = f"last line at {output[-1][0]:.0f} s: {output[-1][1][:100]}" if output else "no output"
+    where = where_stopped(lines) or "no stack dumped"
+    return row(part, f"{name}: runs", f"killed at its limit of {limit:.0f} s, {where}; {last}", "ends in time", False,
+               measured=dict(item=item, killed_at_s=round(limit, 1)) if item else None)
+
+
 def seconds_left(until):
     """Seconds until the perf_counter time `until` (inf for None)."""
     return math.inf if until is None else until - time.perf_counter()
-
-
-def share(until, n):
-    """Seconds for the next of n runs that share the time until `until` (each run gets an equal part of what is left)."""
-    return seconds_left(until) / max(n, 1)
 
 
 def result_of(lines):
@@ -188,6 +299,138 @@ def logged_losses(lines):
 
 def tail(lines, n=3):
     return " / ".join(text for _, text in lines[-n:])[-300:]
+
+
+# ---- the plan -----------------------------------------------------------------
+@dataclass
+class Item:
+    """A planned piece of a part (the part itself, or one of its runs): the seconds it is planned to take, fixed_s
+    (start-up, compiles, evaluations) plus step_s per training step, and how far its steps may be cut."""
+    part: str
+    name: str
+    fixed_s: float
+    step_s: float = 0.0
+    steps: int = 0
+    min_steps: int = 0
+    unit: int = 1
+    rest: bool = False  # takes what the later parts leave (cost); fixed_s is the least it needs
+    basis: str = "estimate"  # where fixed_s comes from
+
+    def seconds(self, steps=None):
+        return self.fixed_s + self.step_s * (self.steps if steps is None else steps)
+
+    def steps_within(self, seconds):
+        """The most steps (all of them, or a multiple of unit from min_steps on) that fit into seconds; None when none
+        fit."""
+        if self.seconds() <= seconds:
+            return self.steps
+        if not self.step_s:
+            return None
+        steps = int((seconds - self.fixed_s) / self.step_s + 1e-6) // self.unit * self.unit
+        return steps if steps >= self.min_steps else None
+
+
+def plan(items, seconds):
+    """({item name: steps} of the items that fit into `seconds`, {item name: why not} of the others), taken in
+    PRIORITY order: a script run that does not fit whole is shortened, down to its min_steps."""
+    chosen = {}
+    skipped = {}
+    left = seconds
+    for item in sorted(items, key=lambda i: PRIORITY.index(i.name)):
+        steps = item.steps_within(left)
+        if steps is None:
+            skipped[item.name] = f"needs {item.seconds(item.min_steps):.0f} s ({item.basis}), {max(left, 0):.0f} s left"
+            continue
+        chosen[item.name] = steps
+        left -= item.seconds(steps)
+    return chosen, skipped
+
+
+def turns(part_plan, until):
+    """Each run of a part's plan (pairs of Item and steps) as its turn comes: (item, steps, seconds it may run, why not),
+    its steps cut to fit the time until `until` that the runs after it leave (steps None: none fit, skip it). A run may
+    take SLACK times its plan, a `rest` run all it is left."""
+    for n, (item, steps) in enumerate(part_plan):
+        later = sum(i.seconds(s) for i, s in part_plan[n + 1:])
+        left = seconds_left(until) - later - KILL_S
+        fitting = item.steps_within(min(left, item.seconds(steps)))
+        if fitting is None:
+            why = f"needs {item.seconds(item.min_steps):.0f} s ({item.basis}), {max(left, 0):.0f} s left"
+            yield item, None, 0.0, why
+            continue
+        yield item, fitting, left if item.rest else min(left, SLACK * item.seconds(fitting)), ""
+
+
+def planned(name, measured, step_s=0.0):
+    """(fixed seconds, seconds per step, basis) of an item: this GPU's last cold measurement of it; at least
+    KILLED_FACTOR times what it was given when it was last killed at its limit; else ESTIMATE and step_s."""
+    seen = measured.get(name, {})
+    if seen.get("cold") and "fixed_s" in seen:
+        return seen["fixed_s"], seen.get("step_s") or step_s, "measured"
+    if "killed_at_s" in seen:
+        return max(ESTIMATE[name], KILLED_FACTOR * seen["killed_at_s"]), step_s, "killed before"
+    return ESTIMATE[name], step_s, "estimate"
+
+
+def plan_items(parts, gpu, measured=None):
+    """The Items of the parts: one per part, one per run for scripts and torchrun, planned by `planned`; a script
+    run's steps from their FLOPs at ASSUMED_MFU of the GPU's peak (PLANNING_PEAK where the table has none)."""
+    name, capability, free_gib = gpu
+    measured = measured or {}
+    peak = peak_flops("cuda", name=name, dtype=half_dtype(capability)) or PLANNING_PEAK
+    items = []
+    for part in parts:
+        if part == "scripts":
+            for script, _, _, _, _, flops_per_step, _ in script_runs("cuda", "out", free_gib, capability).values():
+                kind = script[6:-3]
+                step_s = flops_per_step / (peak * ASSUMED_MFU[SCRIPT_MODE[kind]])
+                fixed, step_s, basis = planned(f"scripts {kind}", measured, step_s)
+                items.append(Item(part, f"scripts {kind}", fixed, step_s, SCRIPT_STEPS[kind], MIN_STEPS[kind],
+                                  STEP_UNIT[kind], basis=basis))
+        elif part == "torchrun":
+            for kind in ("gpt", "vit")[:max(1, min(2, torch.cuda.device_count()))]:  # the ViT's only with 2 GPUs
+                fixed, _, basis = planned(f"torchrun {kind}", measured)
+                items.append(Item(part, f"torchrun {kind}", fixed, basis=basis))
+        else:
+            fixed, _, basis = planned(part, measured)
+            items.append(Item(part, part, fixed, rest=part == "cost", basis=basis))
+    return items
+
+
+def plan_lines(items, chosen, skipped, seconds):
+    """The plan, one line per item: its seconds and where they come from, or why it is skipped."""
+    lines = []
+    for item in items:
+        if item.name not in chosen:
+            lines.append(f"plan: {item.name}: skipped, {skipped[item.name]}")
+            continue
+        steps = chosen[item.name]
+        how = f"{item.fixed_s:.0f} s ({item.basis})"
+        how += f" + {steps} steps x {item.step_s:.3f} s" if item.step_s else ""
+        how += ", then what the later parts leave" if item.rest else ""
+        lines.append(f"plan: {item.name}: {item.seconds(steps):.0f} s = {how}")
+    total = sum(i.seconds(chosen[i.name]) for i in items if i.name in chosen)
+    lines.append(f"plan: {total:.0f} s of the {seconds:.0f} s left")
+    return lines
+
+
+def load_measured(path, gpu_name):
+    """{item name: its measured seconds} that earlier commands on this GPU and torch wrote to path ({} without)."""
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f).get(f"{gpu_name} | torch {torch.__version__}", {})
+
+
+def save_measured(path, gpu_name, measured):
+    """Keep this GPU's and torch's measured seconds in path, beside those of other machines."""
+    everything = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            everything = json.load(f)
+    everything[f"{gpu_name} | torch {torch.__version__}"] = measured
+    with common.atomic_write(path) as f:
+        f.write(json.dumps(everything, indent=1, sort_keys=True).encode())
 
 
 # ---- equal: the fused path against the explicit one --------------------------
@@ -271,7 +514,6 @@ def part_equal(device="cuda", configs=None, cases=None, until=None, capability=N
                                 f"{limits[0]:.0e}, {limits[1]:.0e}", ok))
     return rows
 
-
 # ---- cost: what Laplacian heads cost ------------------------------------------
 def train_step(model, x):
     """One forward and backward pass (loss: the GPT's cross-entropy, a ViT's mean square logit)."""
@@ -296,34 +538,44 @@ def step_time(model, x, repeats, amp):
     return (time.perf_counter() - t0) / repeats
 
 
-def interleaved_ratio(models, x, rounds, repeats, amp=nullcontext()):
-    """Median over rounds of time(models[1]) / time(models[0]), the two timed in alternation (who goes first
-    alternates too, so drifting machine speed cancels); and the median time of each."""
-    for m in models:
-        step_time(m, x, 1, amp)  # warm-up (and compilation)
-    times = []
-    for r in range(rounds):
-        t = [0.0, 0.0]
-        for i in (0, 1) if r % 2 == 0 else (1, 0):
-            t[i] = step_time(models[i], x, repeats, amp)
-        times.append(t)
-    return statistics.median(b / a for a, b in times), statistics.median(a for a, _ in times), statistics.median(b for _, b in times)
-
-
-def lap_cost(cfg, x, compiled, rounds, repeats, device="cpu", amp_dtype=torch.float32):
-    """(ratio, ms all-attention, ms all-Laplacian) of forward+backward for cfg's model with n_lap = 0 and n_head."""
+def layout_models(cfg, layouts, device="cpu"):
+    """{n_lap: cfg's model with that many Laplacian heads per layer}, all with the first one's weights: only the head
+    type differs."""
     torch.manual_seed(0)
-    models = [build_model(replace(cfg, n_lap=k)).to(device) for k in (0, cfg.n_head)]
-    models[1].load_state_dict(models[0].state_dict())  # the same weights: only the head type differs
-    # Module.compile compiles one frame that every Block shares: blocks of one head layout share one compilation
-    # (2 instead of 2 x n_layer). Without the reset the blocks of this case would meet the earlier case's graphs and
-    # recompile with symbolic shapes; dynamic=False keeps every graph specialised to its shapes
-    torch._dynamo.reset()
-    for block in [b for m in models for b in m.blocks] if compiled else []:
-        block.compile(fullgraph=True, dynamic=False)
-    amp = nullcontext() if amp_dtype == torch.float32 else torch.autocast(str(device).split(":")[0], dtype=amp_dtype)
-    ratio, a, b = interleaved_ratio(models, x.to(device), rounds, repeats, amp)
-    return ratio, a * 1e3, b * 1e3
+    with torch.device(device):  # a d12 GPT initialises in milliseconds on a GPU, in seconds on its host
+        models = {k: build_model(replace(cfg, n_lap=k)) for k in layouts}
+    for model in models.values():
+        model.load_state_dict(models[layouts[0]].state_dict())
+    return models
+
+
+def interleaved_times(models, x, rounds, repeats, amp=nullcontext()):
+    """{n_lap: seconds per pass in each round}, after one warm-up pass each (the compiled ones compile there). Every
+    round times each model once, and who goes first rotates from round to round, so drifting machine speed cancels."""
+    for model in models.values():
+        step_time(model, x, 1, amp)
+    layouts = list(models)
+    times = {k: [] for k in layouts}
+    for r in range(rounds):
+        for k in layouts[r % len(layouts):] + layouts[:r % len(layouts)]:
+            times[k].append(step_time(models[k], x, repeats, amp))
+    return times
+
+
+def ratio_rows(name, cfg, mode, times):
+    """One row per Laplacian layout against n_lap = 0: the median over rounds of their step times' ratio. RESULT key
+    lap_cost_<model>_<mode>, with _<k>of<n_head> for a mix."""
+    rows = []
+    base = times[0]
+    for k, measured_times in times.items():
+        if k == 0:
+            continue
+        ratio = statistics.median(t / b for t, b in zip(measured_times, base))
+        key = f"lap_cost_{cfg.model}_{mode}" + ("" if k == cfg.n_head else f"_{k}of{cfg.n_head}")
+        rows.append(row("cost", f"{name} {mode}: n_lap=0 {1e3 * statistics.median(base):.1f} ms, n_lap={k} of "
+                                f"{cfg.n_head} {1e3 * statistics.median(measured_times):.1f} ms",
+                        f"{ratio:.3f}", f"<= {COST_LIMIT}", ratio <= COST_LIMIT, key, f"{ratio:.3f}"))
+    return rows
 
 
 def fitting_batch(full, gib_per_item, free_gib):
@@ -347,22 +599,129 @@ def cost_cases(free_gib=None):
             f"gpt d12 T=1024 B={b_gpt}": (gpt, model_input(gpt, b_gpt))}
 
 
-def part_cost(device="cuda", cases=None, rounds=7, repeats=3, amp_dtype=torch.bfloat16, until=None, free_gib=None):
-    rows = []
-    for name, (cfg, x) in (cases or cost_cases(free_gib)).items():
-        for compiled in (False, True):
-            mode = "compiled" if compiled else "eager"
-            key = f"lap_cost_{cfg.model}_{mode}"
-            if seconds_left(until) <= 0:
-                rows.append(row("cost", f"{name} {mode}", "not run: the part's time is up", f"<= {COST_LIMIT}", False))
+def cache_counts():
+    """(graphs Inductor took from its cache, graphs it compiled) in this process so far; (0, 0) before any compile."""
+    utils = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was compiled (and importing it takes seconds)
+    if utils is None:
+        return 0, 0
+    return utils.counters["inductor"]["fxgraph_cache_hit"], utils.counters["inductor"]["fxgraph_cache_miss"]
+
+
+def compile_fits(target, finished, left, compile_s, order=COMPILE_ORDER):
+    """(whether compiling target = (model, n_lap) fits into `left` seconds, the seconds it needs): its compile, its
+    partner's when it is an n_lap = 0 (a ratio needs two), and those of the compiles ranked above it in `order` that
+    are not `finished` (compiled or given up): they keep their time even where they come later."""
+    kind, layout = target
+    ahead = [k for k, n in order[:order.index(target)] if (k, n) not in finished]
+    need = compile_s[kind] * (2 if layout == 0 else 1) + sum(compile_s[k] for k in ahead)
+    return need <= left, need
+
+
+def emit(rows):
+    """The cost child's rows, each a line for the parent (part_cost)."""
+    for r in rows:
+        print(ROW_MARK + json.dumps(r), flush=True)
+
+
+def cost_run(spec, start=None):
+    """The cost part as a child process, which the parent kills at its limit: eager timings of every layout first,
+    then whole-model compiles in COMPILE_ORDER while the compile times measured so far (before the first: spec's from
+    --measured, else COMPILE_ESTIMATE) say the next fits into spec's seconds from `start` (a perf_counter time; this
+    process's start by default), keeping time for timing the compiled models (at most what their eager timing took).
+    Each row goes out as soon as it is known."""
+    start = time.perf_counter() - process_age() if start is None else start
+    end = start + spec["seconds"]
+    device = spec.get("device", "cuda")
+    dtype = getattr(torch, spec["dtype"])
+    amp = nullcontext() if dtype == torch.float32 else torch.autocast(device.split(":")[0], dtype=dtype)
+    compile_s = {**COMPILE_ESTIMATE, **spec["compile_s"]}
+    basis = {kind: "measured before" if kind in spec["compile_s"] else "estimate" for kind in compile_s}
+    cases = {cfg.model: (name, cfg, x.to(device)) for name, (cfg, x) in cost_cases(spec["free_gib"]).items()}
+    models = {}
+    eager_s = {}
+    for kind, (name, cfg, x) in cases.items():
+        print(f"cost: {name}: eager, n_lap {', '.join(map(str, COST_LAYOUTS))} of {cfg.n_head}", flush=True)
+        t0 = time.perf_counter()
+        models[kind] = layout_models(cfg, COST_LAYOUTS, device)
+        times = interleaved_times(models[kind], x, spec["rounds"], spec["repeats"], amp)
+        eager_s[kind] = time.perf_counter() - t0
+        emit(ratio_rows(name, cfg, "eager", times))
+    finished = set()
+    for kind, (name, cfg, x) in cases.items():
+        if "torch._dynamo" in sys.modules:  # not imported: nothing compiled yet (and importing it takes seconds)
+            torch._dynamo.reset()  # the other model's graphs are timed and done with
+        compiled = {}
+        for target in [t for t in COMPILE_ORDER if t[0] == kind]:
+            layout = target[1]
+            left = seconds_left(end) - sum(eager_s[k] for k in eager_s)  # eager_s: the models still to be timed
+            fits, need = compile_fits(target, finished, left, compile_s)
+            finished.add(target)
+            check = f"{name} compiled n_lap={layout} of {cfg.n_head}"
+            if layout and 0 not in compiled:
+                emit([row("cost", check, "skipped: no compiled n_lap=0 to compare with", skipped=True)])
                 continue
-            ratio, a, b = lap_cost(cfg, x, compiled, rounds, repeats, device, amp_dtype)
-            rows.append(row("cost", f"{name} {mode}: n_lap=0 {a:.1f} ms, n_lap={cfg.n_head} {b:.1f} ms",
-                            f"{ratio:.3f}", f"<= {COST_LIMIT}", ratio <= COST_LIMIT, key, f"{ratio:.3f}"))
+            if not fits:
+                emit([row("cost", check, f"skipped: needs {need:.0f} s ({basis[kind]}: {compile_s[kind]:.0f} s a "
+                                         f"compile), {left:.0f} s left", skipped=True)])
+                continue
+            print(f"cost: compiling {name} n_lap={layout} as one model ({basis[kind]}: {compile_s[kind]:.0f} s), "
+                  f"{left:.0f} s left", flush=True)
+            hits = cache_counts()[0]
+            t0 = time.perf_counter()
+            compiled[layout] = torch.compile(models[kind][layout])
+            step_time(compiled[layout], x, 1, amp)  # the first pass compiles the forward and the backward graph
+            compile_s[kind] = time.perf_counter() - t0
+            basis[kind] = "measured here"
+            cached = cache_counts()[0] - hits
+            emit([row("cost", f"{name} n_lap={layout}: torch.compile of the whole model, forward+backward",
+                      f"{compile_s[kind]:.0f} s, {cached} graph(s) from Inductor's cache", "", True, f"compile_s_{kind}",
+                      f"{compile_s[kind]:.0f}", measured=dict(item=f"compile {kind}", fixed_s=round(compile_s[kind], 1),
+                                                             cold=cached == 0))])
+        if len(compiled) > 1:
+            print(f"cost: {name}: timing the compiled n_lap {', '.join(map(str, compiled))}", flush=True)
+            emit(ratio_rows(name, cfg, "compiled", interleaved_times(compiled, x, spec["rounds"], spec["repeats"], amp)))
+        del eager_s[kind]
+        del models[kind]
+        del compiled
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def cost_command(spec):
+    return [sys.executable, os.path.abspath(__file__), "--cost_run=" + json.dumps(spec)]
+
+
+def part_cost(device="cuda", cases=None, rounds=7, repeats=3, amp_dtype=torch.bfloat16, until=None, free_gib=None,
+              out="out-gpu-check", compile_s=None):
+    """On a GPU (cases None): cost_run in a child process with all the time until `until`, whose rows come back as it
+    prints them, also when it is killed. cases ({name: (config, input)}, as the CPU tests pass): in this process, the
+    all-Laplacian model against the all-attention one, eager and compiled. compile_s: {model: seconds} measured before."""
+    if cases is None:
+        limit = seconds_left(until) - KILL_S
+        spec = dict(seconds=limit - CHILD_MARGIN, dtype=str(amp_dtype).split(".")[1], free_gib=free_gib, rounds=rounds,
+                    repeats=repeats, compile_s=compile_s or {})
+        code, lines = run_command(cost_command(spec), limit, log=os.path.join(out, "cost.log"))
+        rows = [json.loads(text[len(ROW_MARK):]) for _, text in lines if text.startswith(ROW_MARK)]
+        if code is None:
+            rows.append(stopped_row("cost", "cost run", limit, lines))
+        elif code != 0:
+            rows.append(row("cost", "cost run", f"exit {code}: {tail(lines)}", "exit 0", False))
+        return rows
+    rows = []
+    amp = nullcontext() if amp_dtype == torch.float32 else torch.autocast(str(device).split(":")[0], dtype=amp_dtype)
+    for name, (cfg, x) in cases.items():
+        if seconds_left(until) <= 0:
+            rows.append(row("cost", name, "not run: the part's time is up", f"<= {COST_LIMIT}", False))
+            continue
+        models = layout_models(cfg, (0, cfg.n_head), device)
+        rows += ratio_rows(name, cfg, "eager", interleaved_times(models, x.to(device), rounds, repeats, amp))
+        torch._dynamo.reset()  # an earlier case's graphs would meet these models' and recompile them
+        compiled = {k: torch.compile(m) for k, m in models.items()}
+        rows += ratio_rows(name, cfg, "compiled", interleaved_times(compiled, x.to(device), rounds, repeats, amp))
     return rows
 
 
-# ---- scripts: short timed runs -----------------------------------------------
+# ---- scripts: the recipes at GPU sizes, cut short -------------------------------
 def colour_images(n_train, n_val=2048, num_classes=10, seed=0):
     """A learnable set of 3x32x32 uint8 images in load_images' format (the repository's synthetic set is 1x28x28):
     each class a random 3x8x8 pattern upsampled to 40x40, each image a random 32x32 window of it plus noise."""
@@ -382,65 +741,103 @@ def colour_images(n_train, n_val=2048, num_classes=10, seed=0):
                 mean=pixels.mean(dim=(0, 2, 3)).tolist(), std=pixels.std(dim=(0, 2, 3)).tolist())
 
 
+def write_tokens(folder, n_train=2**21, n_val=2**17, seed=0):
+    """A learnable token set in train_gpt.py's format (uint16 train.bin and val.bin, meta.json) for GPU-sized GPT runs
+    without a download: a text of 8-token words drawn from 4096 random ones over GPT-2's vocabulary size, so that 7 of 8
+    next tokens follow from the one before. Each token counts as one byte (bits per byte = nats per token / ln 2)."""
+    rng = np.random.default_rng(seed)
+    # distinct tokens in every word position, so that a token's next one is its word's; the last id is end-of-text
+    words = rng.permutation(TOKENS_VOCAB - 1)[:4096 * 8].astype(np.uint16).reshape(4096, 8)
+    os.makedirs(folder, exist_ok=True)
+    for split, n in (("train", n_train), ("val", n_val)):
+        words[rng.integers(0, len(words), n // 8)].tofile(os.path.join(folder, f"{split}.bin"))  # (n // 8, 8) tokens
+    meta = dict(vocab_size=TOKENS_VOCAB, tokenizer="gpt2", encoding="gpt2", eot_token=TOKENS_VOCAB - 1,
+                token_bytes=[1] * (TOKENS_VOCAB - 1) + [0], corpus=f"gpu-check-words-{seed}",
+                source="tests/gpu_check.py: random 8-token words")
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump(meta, f)
+
+
+def print_run_facts():
+    """The lines a timed run ends with: its peak GPU memory, and how many compiled graphs came from Inductor's cache
+    (a warm cache makes the compile time say little about a fresh machine)."""
+    hits, misses = cache_counts()
+    print(f"gpu_check compile_cache hits={hits} misses={misses}", flush=True)
+    if torch.cuda.is_available():
+        print(f"gpu_check peak_memory_gib={torch.cuda.max_memory_allocated() / 2**30:.2f}", flush=True)
+
+
 def run_script_here(script, argv, colour=0):
-    """The child of a timed run: `python script argv` in this process, then one line with the peak GPU memory.
-    colour > 0: --dataset=synthetic means `colour` generated 32x32 colour images (colour_images)."""
+    """The child of a timed run: `python script argv` in this process, then print_run_facts. colour > 0:
+    --dataset=synthetic means `colour` generated 32x32 colour images (colour_images). SIGUSR1 dumps every thread's
+    stack: the parent sends it before it kills a run that outlived its time."""
     from data import images
     load_images = images.load_images
 
     def load_colour_images(name, data_dir="data"):
         return colour_images(colour) if name == "synthetic" else load_images(name, data_dir)
 
-    def print_peak_memory():
-        print(f"gpu_check peak_memory_gib={torch.cuda.max_memory_allocated() / 2**30:.2f}", flush=True)
-
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if colour:
         images.load_images = load_colour_images
-    if torch.cuda.is_available():
-        atexit.register(print_peak_memory)
+    atexit.register(print_run_facts)
     sys.argv = [script, *argv]
     runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
 
 
-def dino_flops_per_image(backbone_config, out_dim=4096, hidden=256, bottleneck=64, crops=2, tokens=17):
-    """Training FLOPs per image of train_dino.py's default recipe: on each global crop the student's forward and
-    backward (3 x a forward) and the teacher's forward, each through the backbone and the DINO head (its matmuls:
-    2 FLOPs per weight and crop; about a tenth of the default's work)."""
-    backbone = build_model(backbone_config).flops_per_token(tokens) * tokens  # forward + backward
-    head = DINOHead(backbone_config.n_embd, out_dim, hidden, bottleneck)
+def training_flops_per_token(cfg, T):
+    """flops_per_token of cfg's model, built on the meta device: shapes only, no memory."""
+    with torch.device("meta"):
+        return build_model(cfg).flops_per_token(T)
+
+
+def dino_flops_per_image(cfg, out_dim=65536, hidden=2048, bottleneck=256, global_tokens=197, local_crops=8,
+                         local_tokens=37):
+    """Training FLOPs per image of train_dino.py: the student's forward and backward on 2 global and local_crops
+    local crops, the teacher's forward on the 2 global ones, each through the backbone (cfg) and the DINO head (its
+    matmuls: 2 FLOPs per weight and crop forward, 6 forward and backward)."""
+    with torch.device("meta"):
+        head = DINOHead(cfg.n_embd, out_dim, hidden, bottleneck)
+    crop = {T: training_flops_per_token(cfg, T) * T for T in (global_tokens, local_tokens)}  # forward + backward
     head_forward = 2 * sum(p.numel() for p in head.parameters() if p.ndim >= 2)
-    return crops * (backbone * (1 + 1 / 3) + head_forward * (3 + 1))
+    student = 2 * crop[global_tokens] + local_crops * crop[local_tokens] + (2 + local_crops) * 3 * head_forward
+    teacher = 2 * (crop[global_tokens] / 3 + head_forward)
+    return student + teacher
 
 
-def script_runs(device="cuda", out="out-gpu-check", free_gib=None, capability=None):
-    """name -> (script, options, colour images, units per step, unit, training FLOPs per step, data it needs).
-    Batches are halved until they fit the GPU's free memory (estimates); below compute capability 8.0 the runs are
-    float16 with a gradient scaler instead of bfloat16."""
-    from data import text
-    half = str(half_dtype(capability)).split(".")[1]
-    common = [f"--device={device}", "--compile_model=True"]
-    vit = make_config("vit-small", n_lap=6, num_classes=10, in_chans=3, img_size=32, patch_size=4, pooling="cls")
-    vit_flops = build_model(vit).flops_per_token(65) * 65  # per image: 64 patches + CLS
-    vocab = text.load_meta(os.path.join(ROOT, "data"), "shakespeare_char")["vocab_size"] if os.path.isfile(
-        os.path.join(ROOT, "data/shakespeare_char/meta.json")) else 65
-    gpt = make_config("gpt-d20", n_layer=12, n_embd=768, n_head=6, n_lap=3, vocab_size=vocab, block_size=1024)
-    gpt_flops = build_model(gpt).flops_per_token(1024)  # per token
-    dino_flops = dino_flops_per_image(make_config("vit-cpu", n_lap=2, num_classes=0))  # the default backbone: 17 tokens
-    b_vit = fitting_batch(512, 0.01, free_gib)
-    b_gpt = fitting_batch(32, 0.9, free_gib)
+def script_runs(device="cuda", out="out-gpu-check", free_gib=None, capability=None, steps=None):
+    """label -> (script, options, colour images, units per step, unit, training FLOPs per step, data it needs): the
+    config/ recipes at GPU sizes, cut to `steps` ({model: steps}; SCRIPT_STEPS) training steps on generated data.
+    Batches are halved until they fit the GPU's free memory (estimates: a d12 sequence of 1024 tokens 1.2 GiB, a
+    third of it logits over 50,304 tokens; a ViT-S/16 image 0.05 GiB; a DINO image with its 10 crops 0.3 GiB); below
+    compute capability 8.0 the runs are float16 with a gradient scaler instead of bfloat16."""
+    steps = {**SCRIPT_STEPS, **(steps or {})}
+    system = [f"--device={device}", f"--dtype={str(half_dtype(capability)).split('.')[1]}"]
+    gpt = make_config("gpt-d20", n_layer=12, n_embd=768, n_head=6, n_lap=3, vocab_size=50304, block_size=1024)
+    vit = make_config("vit-s", n_lap=6, num_classes=10, in_chans=3, img_size=224, patch_size=16, pooling="cls")
+    dino = make_config("vit-s", n_lap=3, num_classes=0, in_chans=3, img_size=224)
+    b_gpt = fitting_batch(32, 1.2, free_gib)
+    b_vit = fitting_batch(512, 0.05, free_gib)
+    b_dino = fitting_batch(128, 0.3, free_gib)
+    n_vit = b_vit * steps["vit"] // 2  # two epochs: the second evaluation tells the evaluation graph's compile apart
+    n_dino = b_dino * steps["dino"]  # one epoch
     return {
-        "vit cifar10 model": ("train_vit.py", ["config/vit_cifar10.py", "--dataset=synthetic", "--epochs=2",
-                              "--warmup_epochs=1", "--val_subset=2048", "--log_interval=10", f"--batch_size={b_vit}",
-                              f"--out_dir={out}/vit", *common, f"--dtype={half}"], 50 * b_vit, b_vit, "img",
-                              b_vit * vit_flops, None),
-        f"gpt d12 T=1024 B={b_gpt}": ("train_gpt.py", [
-            "--preset=gpt-d20", "--n_layer=12", "--n_embd=768", "--n_head=6", "--n_lap=3", "--block_size=1024",
-            f"--batch_size={b_gpt}", "--max_iters=60", "--eval_interval=60", "--eval_iters=4", "--log_interval=10",
-            "--max_new_tokens=0", f"--out_dir={out}/gpt", *common, f"--dtype={half}"], 0, b_gpt * 1024, "tok",
-            b_gpt * 1024 * gpt_flops, "shakespeare_char"),
-        "dino default 0.1 ep": ("train_dino.py", ["--epochs=0.1", "--eval_train=5000", "--eval_val=2000",
-                                "--probe_steps=100", "--seg_dataset=none", "--log_interval=10", f"--out_dir={out}/dino",
-                                *common, f"--dtype={half}"], 0, 64, "img", 64 * dino_flops, "fashion_mnist"),
+        f"gpt d12 T=1024 B={b_gpt} n_lap=3/6": ("train_gpt.py", [
+            "config/gpt_d20.py", f"--dataset={TOKENS}", f"--data_dir={out}/data", "--n_layer=12", "--n_embd=768",
+            "--n_head=6", "--n_lap=3", "--block_size=1024", f"--batch_size={b_gpt}", "--total_batch_size=0",
+            f"--max_iters={steps['gpt']}", f"--eval_interval={steps['gpt']}", "--eval_iters=2", "--log_interval=10",
+            "--max_new_tokens=0", "--compile_model=True", f"--out_dir={out}/gpt", *system], 0, b_gpt * 1024, "tok",
+            b_gpt * 1024 * training_flops_per_token(gpt, 1024), None),
+        f"vit-s/16 224px B={b_vit} n_lap=6/6": ("train_vit.py", [
+            "config/vit_cifar10.py", "--dataset=synthetic", "--preset=vit-s", "--img_size=224", "--patch_size=16",
+            f"--train_subset={n_vit}", "--epochs=2", "--warmup_epochs=1", f"--batch_size={b_vit}", "--log_interval=10",
+            "--compile_model=True", f"--out_dir={out}/vit", *system], n_vit, b_vit, "img",
+            b_vit * 197 * training_flops_per_token(vit, 197), None),
+        f"dino vit-s/16 224+96px B={b_dino} n_lap=3/6": ("train_dino.py", [
+            "config/dino_vits16_imagenet.py", "--dataset=synthetic", f"--train_subset={n_dino}", "--epochs=1",
+            f"--batch_size={b_dino}", f"--eval_train={min(1024, n_dino)}", "--eval_val=512", "--probe_steps=100",
+            "--seg_dataset=none", "--log_interval=10", "--compile_model=False", f"--out_dir={out}/dino", *system],
+            n_dino, b_dino, "img", b_dino * dino_flops_per_image(dino), None),
     }
 
 
@@ -485,31 +882,51 @@ def peak_memory(lines):
     return next((float(m.group(1)) for m in reversed(found) if m), None)
 
 
-def failed_run(part, name, code, lines):
-    """The row of a run that ended badly or without a RESULT line, or None."""
+
+
+def compile_cache(lines):
+    """(graphs from Inductor's cache, graphs compiled) of a run's print_run_facts line, or None without one."""
+    found = [re.search(r"gpu_check compile_cache hits=(\d+) misses=(\d+)", text) for _, text in lines]
+    return next(((int(m.group(1)), int(m.group(2))) for m in reversed(found) if m), None)
+
+
+def failed_run(part, name, code, lines, limit=None, item=None):
+    """The row of a run that was killed at its limit (stopped_row), ended badly or without a RESULT line; or None."""
+    if code is None:
+        return stopped_row(part, name, limit or 0, lines, item)
     if code == 0 and result_of(lines):
         return None
-    return row(part, f"{name}: runs", "timed out" if code is None else f"exit {code}: {tail(lines)}", "exit 0, RESULT", False)
+    return row(part, f"{name}: runs", f"exit {code}: {tail(lines)}", "exit 0, RESULT", False)
 
 
-def script_rows(name, per_step, unit, flops_per_step, peak, code, lines):
-    """The rows of one timed run from its output: RESULT with finite losses; steps/s, images or tokens/s and MFU;
-    compile and warm-up time and peak GPU memory."""
-    failed = failed_run("scripts", name, code, lines)
-    if failed:
+def script_rows(name, per_step, unit, flops_per_step, peak, code, lines, limit=None, item=None):
+    """The rows of one timed run from its output: RESULT with finite losses (or why there is none); steps/s, images or
+    tokens/s and MFU; compile and warm-up time, peak GPU memory and the graphs from Inductor's cache. A run killed at
+    its limit keeps the rows its lines allow. item: the plan's name of the run, whose seconds go to --measured."""
+    failed = failed_run("scripts", name, code, lines, limit, item)
+    if failed and code is not None:
         return [failed]
     result = result_of(lines)
     rate, compile_s = timing(lines)
     memory = peak_memory(lines)
+    cache = compile_cache(lines)
     mfu = f"{flops_per_step * rate / peak:.1%}" if peak and rate else "-"
     losses = logged_losses(lines)
     shown = " ".join(f"{k}={v}" for k, v in result.items() if k in ("steps", "seconds", "val_acc", "val_bpb", "knn_acc"))
     speed = f"{rate:.2f} | {rate * per_step:,.0f} | {mfu}" if rate else "too few progress lines"
     setup = f"{compile_s:.0f} | {'-' if memory is None else memory}" if compile_s is not None else "-"
-    return [row("scripts", f"{name}: RESULT, finite losses", shown, "finite", losses and all(map(math.isfinite, losses))),
-            row("scripts", f"{name}: steps/s | {unit}/s | mfu", speed, "", rate is not None,
-                f"{name.split()[0]}_{unit}_per_s", f"{rate * per_step:.0f}" if rate else "none"),
-            row("scripts", f"{name}: compile+warm-up s | peak GiB", setup)]
+    setup += f" | {cache[0]} of {sum(cache)}" if cache else ""
+    measured = None
+    if item and rate and not failed:
+        steps = int(result.get("steps", 0))
+        measured = dict(item=item, fixed_s=round(lines[-1][0] - steps / rate, 1), step_s=round(1 / rate, 4),
+                        cold=not (cache and cache[0]))
+    first = failed or row("scripts", f"{name}: RESULT, finite losses", shown, "finite",
+                          losses and all(map(math.isfinite, losses)))
+    return [first,
+            row("scripts", f"{name}: steps/s | {unit}/s | mfu", speed, "", rate is not None or failed is not None,
+                f"{name.split()[0]}_{unit}_per_s", f"{rate * per_step:.0f}" if rate else "none", measured=measured),
+            row("scripts", f"{name}: compile+warm-up s | peak GiB" + (" | graphs from cache" if cache else ""), setup)]
 
 
 def missing_data(name):
@@ -519,8 +936,6 @@ def missing_data(name):
         folders = [os.path.join(ROOT, "data", "fashion_mnist"), os.path.join(ROOT, "data", "fashion_mnist", "FashionMNIST",
                                                                              "raw"), images.DEBIAN_FASHION]
         found = any(all(os.path.isfile(os.path.join(d, f)) for f in files) for d in folders)
-    elif name == "shakespeare_char":
-        found = all(os.path.isfile(os.path.join(ROOT, "data", name, f)) for f in ("train.bin", "val.bin", "meta.json"))
     else:
         found = True
     return "" if found else f"missing {DATA[name]}"
@@ -532,17 +947,29 @@ def data_row(part, name, data):
     return row(part, f"{name}: data", missing, "on disk", False) if missing else None
 
 
-def part_scripts(device="cuda", out="out-gpu-check", timeout=180, until=None, free_gib=None, capability=None):
+def skipped_row(item, why):
+    return row(item.part, item.name, f"skipped: {why}", "", True, skipped=True)
+
+
+def part_scripts(device="cuda", out="out-gpu-check", until=None, free_gib=None, capability=None, plan=None):
+    """The script runs of the plan (pairs of Item and steps; None: every run whole), each in its turn (turns)."""
     rows = []
-    peak = peak_flops(device)
-    runs = script_runs(device, out, free_gib, capability)
-    for n, (name, (script, options, colour, per_step, unit, flops_per_step, data)) in enumerate(runs.items()):
-        missing = data_row("scripts", name, data)
-        if missing:
-            rows.append(missing)
+    peak = peak_flops(device, dtype=half_dtype(capability))
+    if plan is None:
+        plan = [(item, item.steps) for item in plan_items(["scripts"], ("", capability, free_gib))]
+    if not os.path.isfile(os.path.join(out, "data", TOKENS, "meta.json")):
+        write_tokens(os.path.join(out, "data", TOKENS))
+    for item, steps, limit, why in turns(plan, until):
+        if steps is None:
+            rows.append(skipped_row(item, why))
             continue
-        code, lines = run_command(timed_command(script, options, colour), min(timeout, share(until, len(runs) - n)))
-        rows += script_rows(name, per_step, unit, flops_per_step, peak, code, lines)
+        kind = item.name.split()[1]
+        runs = script_runs(device, out, free_gib, capability, {kind: steps})
+        label, (script, options, colour, per_step, unit, flops_per_step, _) = next(
+            (label, run) for label, run in runs.items() if run[0] == f"train_{kind}.py")
+        log = os.path.join(out, f"scripts-{kind}.log")
+        code, lines = run_command(timed_command(script, options, colour), limit, log=log)
+        rows += script_rows(label, per_step, unit, flops_per_step, peak, code, lines, limit, item.name)
     return rows
 
 
@@ -555,13 +982,13 @@ def seed_band(values=CPU_DEFAULT_VAL_ACC, k=3):
 
 def default_command(device="cuda", out="out-gpu-check"):
     """The CPU default recipe in one process, in float32 as the CPU seeds ran (the scripts' TF32 matmuls on a GPU)."""
-    return [sys.executable, "train_vit.py", f"--device={device}", "--batch_size=256", "--dtype=float32",
-            f"--out_dir={out}/vit-default"]
+    return timed_command("train_vit.py", [f"--device={device}", "--batch_size=256", "--dtype=float32",
+                                          f"--out_dir={out}/vit-default"])
 
 
-def default_row(code, lines):
+def default_row(code, lines, limit=None):
     """The default recipe's accuracy against the CPU seeds' band."""
-    failed = failed_run("default", "train_vit.py --batch_size=256 --dtype=float32", code, lines)
+    failed = failed_run("default", "train_vit.py --batch_size=256 --dtype=float32", code, lines, limit, "default")
     if failed:
         return failed
     result = result_of(lines)
@@ -573,20 +1000,24 @@ def default_row(code, lines):
 
 
 def part_default(out="out-gpu-check", timeout=300, until=None):
-    return [data_row("default", "train_vit.py default", "fashion_mnist")
-            or default_row(*run_command(default_command("cuda", out), min(timeout, share(until, 1))))]
+    limit = min(timeout, seconds_left(until) - KILL_S)
+    missing = data_row("default", "train_vit.py default", "fashion_mnist")
+    if missing:
+        return [missing]
+    return [default_row(*run_command(default_command("cuda", out), limit, log=os.path.join(out, "default.log")), limit)]
 
 
 # ---- torchrun: the NCCL path --------------------------------------------------
-TORCHRUN_DATA = {"vit": None, "gpt": "shakespeare_char"}
-
-
 def torchrun_commands(nprocs, out="out-gpu-check"):
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}"]
-    vit = ["train_vit.py", "--dataset=synthetic", "--train_subset=1024", "--val_subset=256", "--batch_size=64",
-           "--epochs=1", "--log_interval=4", f"--out_dir={out}/torchrun-vit"]
-    gpt = ["train_gpt.py", "--preset=gpt-tiny", "--max_iters=20", "--eval_interval=20", "--eval_iters=2",
-           "--log_interval=5", "--max_new_tokens=0", f"--out_dir={out}/torchrun-gpt"]
+    """name -> command: each worker runs its script through this file (run_script_here), so a stalled one dumps its
+    stack before it is killed."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}",
+              os.path.abspath(__file__)]
+    vit = ["--run_script=train_vit.py", "--colour=0", "--dataset=synthetic", "--train_subset=1024", "--val_subset=256",
+           "--batch_size=64", "--epochs=1", "--log_interval=4", f"--out_dir={out}/torchrun-vit"]
+    gpt = ["--run_script=train_gpt.py", "--colour=0", "--preset=gpt-tiny", f"--dataset={TOKENS}",
+           f"--data_dir={out}/data", "--max_iters=20", "--eval_interval=20", "--eval_iters=2", "--log_interval=5",
+           "--max_new_tokens=0", f"--out_dir={out}/torchrun-gpt"]
     return {"vit": launch + vit, "gpt": launch + gpt}
 
 
@@ -595,10 +1026,10 @@ def checksums(lines):
     return common.read_param_checksums("\n".join(text for _, text in lines))
 
 
-def torchrun_row(name, nprocs, code, lines):
+def torchrun_row(name, nprocs, code, lines, limit=None):
     """A torchrun run: exit 0 and a RESULT line; with several processes, one checksum for all ranks. With one
     process the world size is 1: NCCL starts, and no gradient is exchanged."""
-    failed = failed_run("torchrun", f"{name} torchrun --nproc_per_node={nprocs}", code, lines)
+    failed = failed_run("torchrun", f"{name} torchrun --nproc_per_node={nprocs}", code, lines, limit, f"torchrun {name}")
     if failed:
         return failed
     distinct = set(checksums(lines).values())
@@ -608,30 +1039,44 @@ def torchrun_row(name, nprocs, code, lines):
                "exit 0" + (", 1 checksum" if nprocs > 1 else ""), ok)
 
 
-def part_torchrun(out="out-gpu-check", timeout=150, until=None):
+def part_torchrun(out="out-gpu-check", until=None, plan=None):
+    """The torchrun runs of the plan (pairs of Item and steps; None: the GPT's alone), each in its turn (turns)."""
     nprocs = min(2, torch.cuda.device_count())
     commands = torchrun_commands(nprocs, out)
+    plan = plan or [(Item("torchrun", "torchrun gpt", ESTIMATE["torchrun gpt"]), 0)]
+    if not os.path.isfile(os.path.join(out, "data", TOKENS, "meta.json")):
+        write_tokens(os.path.join(out, "data", TOKENS))
     rows = []
-    for n, (name, cmd) in enumerate(commands.items()):
-        rows.append(data_row("torchrun", name, TORCHRUN_DATA[name])
-                    or torchrun_row(name, nprocs, *run_command(cmd, min(timeout, share(until, len(commands) - n)))))
+    for item, steps, limit, why in turns(plan, until):
+        kind = item.name.split()[1]
+        if steps is None:
+            rows.append(skipped_row(item, why))
+            continue
+        code, lines = run_command(commands[kind], limit, log=os.path.join(out, f"torchrun-{kind}.log"))
+        rows.append(torchrun_row(kind, nprocs, code, lines, limit))
+        if rows[-1]["ok"]:  # its seconds plan the next command
+            rows[-1]["measured"] = dict(item=item.name, fixed_s=round(lines[-1][0], 1), cold=True)
     return rows
 
 
 # ---- tests: the CUDA-only tests ---------------------------------------------
-def part_tests(timeout=300, until=None):
+def part_tests(timeout=300, until=None, out="out-gpu-check"):
+    """pytest on CUDA_TESTS; pytest dumps its stacks itself (faulthandler_timeout) before the limit."""
+    limit = min(timeout, seconds_left(until) - KILL_S)
     code, lines = run_command([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
-                               *CUDA_TESTS], min(timeout, share(until, 1)))
+                               "-o", f"faulthandler_timeout={max(int(limit) - DUMP_WAIT - 1, 1)}", *CUDA_TESTS], limit,
+                              log=os.path.join(out, "tests.log"))
+    if code is None:
+        return [stopped_row("tests", f"{len(CUDA_TESTS)} CUDA-only tests", limit, lines, "tests")]
     summary = next((text for _, text in reversed(lines) if re.search(r"\d+ (passed|failed|skipped|error)", text)), tail(lines))
     skipped = "skipped" in summary
-    return [row("tests", f"{len(CUDA_TESTS)} CUDA-only tests", summary[-80:] if code is not None else "timed out",
-                "all pass, none skipped", code == 0 and not skipped)]
+    return [row("tests", f"{len(CUDA_TESTS)} CUDA-only tests", summary[-80:], "all pass, none skipped",
+                code == 0 and not skipped)]
 
 
-# ---- the table, the deadline and the output of each part --------------------
-PART_DATA = {"scripts": ("shakespeare_char", "fashion_mnist"), "default": ("fashion_mnist",),
-             "torchrun": ("shakespeare_char",)}
-ROWS = "gpu_check.txt"  # in out_dir: each part's rows, written as the part ends
+# ---- the table, the plan at each part, the deadline ---------------------------
+PART_DATA = {"default": ("fashion_mnist",)}
+ROWS = "gpu_check.txt"  # in out_dir: the plan, then each part's rows, written as the part ends
 
 
 def print_table(rows, file=None):
@@ -640,8 +1085,17 @@ def print_table(rows, file=None):
     header = ("part", "check", "value", "limit", "ok")
     print("  ".join(h.ljust(w) for h, w in zip(header, widths + [2])), file=file)
     for r in rows:
-        cells = [str(r[k]) for k in ("part", "check", "value", "limit")] + ["ok" if r["ok"] else "FAIL"]
+        mark = "skip" if r.get("skipped") else "ok" if r["ok"] else "FAIL"
+        cells = [str(r[k]) for k in ("part", "check", "value", "limit")] + [mark]
         print("  ".join(c.ljust(w) for c, w in zip(cells, widths + [4])), file=file)
+
+
+def report(lines, out):
+    """Print lines and add them to the rows file."""
+    with open(os.path.join(out, ROWS), "a") as f:
+        for line in lines:
+            print(line, flush=True)
+            f.write(line + "\n")
 
 
 def gpu_facts(index=0):
@@ -650,12 +1104,17 @@ def gpu_facts(index=0):
     return torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index), free / GIB
 
 
-def part_runners(out, capability=None, free_gib=None):
-    """part -> a function of `until` (the perf_counter time by which it must end) that returns the part's rows."""
+def part_runners(out, capability=None, free_gib=None, part_plan=None, measured=None):
+    """part -> a function of `until` (the perf_counter time by which it must end) that returns the part's rows.
+    part_plan: the (Item, steps) pairs of the part about to run; measured: --measured's seconds (cost's compiles)."""
+    compiles = {k: v for k, v in (measured or {}).items() if k.startswith("compile ") and v.get("cold")}
+    compile_s = {k.split()[1]: v["fixed_s"] for k, v in compiles.items()}
     return dict(equal=partial(part_equal, capability=capability),
-                cost=partial(part_cost, rounds=rounds, repeats=repeats, amp_dtype=half_dtype(capability), free_gib=free_gib),
-                scripts=partial(part_scripts, out=out, free_gib=free_gib, capability=capability),
-                default=partial(part_default, out=out), torchrun=partial(part_torchrun, out=out), tests=part_tests)
+                cost=partial(part_cost, rounds=rounds, repeats=repeats, amp_dtype=half_dtype(capability),
+                             free_gib=free_gib, out=out, compile_s=compile_s),
+                scripts=partial(part_scripts, out=out, free_gib=free_gib, capability=capability, plan=part_plan),
+                default=partial(part_default, out=out), torchrun=partial(part_torchrun, out=out, plan=part_plan),
+                tests=partial(part_tests, out=out))
 
 
 def give_up(code):
@@ -664,68 +1123,97 @@ def give_up(code):
 
 
 def overrun(out, running, seconds):
-    """The watchdog's action GRACE seconds after the deadline: one line, the started processes killed, exit 1."""
+    """The watchdog's action GRACE seconds after the deadline: every run's stacks go to its log and this process's to
+    the rows file, every started process is killed, one line, exit 1."""
+    dump_stacks(f"{os.getpid()}-", wait=DUMP_WAIT / 2)
     line = (f"gpu_check: the deadline ({seconds:.0f} s + {GRACE} s) passed during part {running[-1]}: stopped; the rows "
-            f"of the parts that ended are in {os.path.join(out, ROWS)}")
-    print(line, flush=True)
+            f"of the parts that ended and this process's stacks are in {os.path.join(out, ROWS)}, each run's output "
+            f"in its .log there")
     with open(os.path.join(out, ROWS), "a") as f:
         f.write(line + "\n")
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)
     kill_runs(f"{os.getpid()}-")
+    print(line, flush=True)
     give_up(1)
 
 
-def main(parts, out, seconds=None, runners=None, gpu=None):
-    """Run the parts in order within `seconds` (the --deadline); returns the number of failed rows. Each part gets a
-    share of the time left by PLAN; one that cannot start in time is a failed row. runners and gpu ((name,
-    capability, free GiB)) stand in for the real parts and GPU in tests."""
+def main(parts, out, seconds=None, runners=None, gpu=None, start=None, items=None, measured_path=None):
+    """Run the parts in order to end `seconds` (the --deadline) after `start` (a perf_counter time: the process's
+    start for a command, now by default); returns the number of failed rows. As each part starts, the plan is made
+    again from the time left (plan): the part gets the time its chosen items were planned, times SLACK, but never the
+    time planned for the later parts' ones, and a `rest` part (cost) all of that. runners, gpu ((name, capability,
+    free GiB)) and items stand in for the real parts, GPU and plan in tests; measured_path: --measured."""
     seconds = deadline if seconds is None else seconds
+    start = time.perf_counter() if start is None else start
+    end = start + seconds
     name, capability, free_gib = gpu or gpu_facts()
     print(f"gpu_check: {name} (compute capability {capability[0]}.{capability[1]}, {free_gib:.0f} GiB free), "
-          f"{torch.cuda.device_count()} GPU(s), torch {torch.__version__}, parts {','.join(parts)}, deadline {seconds} s",
-          flush=True)
+          f"{torch.cuda.device_count()} GPU(s), torch {torch.__version__}, parts {','.join(parts)}, deadline {seconds} s "
+          f"({time.perf_counter() - start:.0f} s of it gone)", flush=True)
     for data in sorted({d for p in parts for d in PART_DATA.get(p, ())}):
         if missing_data(data):
             print(f"gpu_check: {missing_data(data)}: the runs that read it fail", flush=True)
-    start = time.perf_counter()
-    end = start + seconds
-    runners = runners or part_runners(out, capability, free_gib)
+    measured = load_measured(measured_path, name)
+    items = plan_items(parts, (name, capability, free_gib), measured) if items is None else items
+    open(os.path.join(out, ROWS), "w").close()
+    report(plan_lines(items, *plan(items, end - time.perf_counter()), end - time.perf_counter()), out)
     rows = []
     running = ["start"]
-    watchdog = threading.Timer(seconds + GRACE, overrun, args=(out, running, seconds))
+    watchdog = threading.Timer(end + GRACE - time.perf_counter(), overrun, args=(out, running, seconds))
     watchdog.daemon = True
     watchdog.start()
-    open(os.path.join(out, ROWS), "w").close()
     for n, part in enumerate(parts):
         running.append(part)
         t0 = time.perf_counter()
-        left = end - t0
-        until = t0 + left * PLAN[part] / sum(PLAN[p] for p in parts[n:])
-        if left < MIN_START:
-            part_rows = [row(part, "runs", f"not started: {seconds} s deadline reached", "starts", False)]
-        else:
+        remaining = [i for i in items if i.part in parts[n:]]
+        chosen, skipped = plan(remaining, end - t0)
+        mine = [(i, chosen[i.name]) for i in remaining if i.part == part and i.name in chosen]
+        later = sum(i.seconds(chosen[i.name]) for i in remaining if i.part != part and i.name in chosen)
+        allowed = end - t0 - later
+        wanted = SLACK * sum(i.seconds(steps) for i, steps in mine)
+        until = t0 + (allowed if any(i.rest for i, _ in mine) else min(allowed, wanted))
+        part_rows = [skipped_row(i, skipped[i.name]) for i in remaining if i.part == part and i.name in skipped]
+        if mine:
             try:
-                part_rows = runners[part](until=until)
+                part_rows += (runners or part_runners(out, capability, free_gib, mine, measured))[part](until=until)
             except Exception as e:  # one broken part (out of memory, say) still leaves the others' rows
-                part_rows = [row(part, "runs", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
-                                 "no exception", False)]
+                part_rows.append(row(part, "runs", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+                                     "no exception", False))
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the subprocesses of later parts get the memory back
+        took = time.perf_counter() - t0
         rows += part_rows
-        print(f"gpu_check: {part} done in {time.perf_counter() - t0:.0f} s (its share {until - t0:.0f} s)", flush=True)
+        print(f"gpu_check: {part} done in {took:.0f} s (it had {until - t0:.0f} s)", flush=True)
+        for r in part_rows:
+            if r.get("measured"):
+                measured[r["measured"]["item"]] = {k: v for k, v in r["measured"].items() if k != "item"}
+        if len(mine) == 1 and not mine[0][0].rest and mine[0][0].name == part and all(r["ok"] for r in part_rows):
+            measured[part] = dict(fixed_s=round(took, 1), cold=True)  # a part that is one item: its whole time
+        if measured_path:
+            save_measured(measured_path, name, measured)
         with open(os.path.join(out, ROWS), "a") as f:
             print_table(part_rows, file=f)
+        checked = [r for r in rows if not r.get("skipped")]
         result = dict(gpu=name.replace(" ", "_"), torch=torch.__version__, parts=",".join(parts[:n + 1]),
-                      checks=len(rows), failed=sum(not r["ok"] for r in rows), seconds=round(time.perf_counter() - start),
-                      **{r["key"]: r["number"] for r in rows if r["key"]})
+                      checks=len(checked), failed=sum(not r["ok"] for r in checked))
+        if len(checked) < len(rows):
+            result["skipped"] = len(rows) - len(checked)
+        result.update(seconds=round(time.perf_counter() - start), **{r["key"]: r["number"] for r in rows if r["key"]})
         write_result(out, **result)  # the RESULT line so far: a killed check keeps it
     watchdog.cancel()
     print_table(rows)
+    if result.get("skipped"):
+        print(f"gpu_check: {result['skipped']} check(s) skipped for time: run their part alone (--only=PART)")
     write_result(out, **result)
     return result["failed"]
 
 
 if __name__ == "__main__" and sys.argv[1:2] and sys.argv[1].startswith("--run_script="):
     run_script_here(sys.argv[1].split("=", 1)[1], sys.argv[3:], int(sys.argv[2].split("=", 1)[1]))
+elif __name__ == "__main__" and sys.argv[1:2] and sys.argv[1].startswith("--cost_run="):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent's signal before a kill: stacks, not silence
+    cost_run(json.loads(sys.argv[1].split("=", 1)[1]))
 elif __name__ == "__main__":
     configure(globals())
     wanted = PARTS if only == "all" else tuple(only.split(","))
@@ -738,4 +1226,5 @@ elif __name__ == "__main__":
         sys.exit(2)
     out_dir = os.path.abspath(out_dir)  # the runs happen in the repository root
     os.makedirs(out_dir, exist_ok=True)
-    sys.exit(1 if main(wanted, out_dir, deadline) else 0)
+    sys.exit(1 if main(wanted, out_dir, deadline, start=time.perf_counter() - process_age(),
+                       measured_path=os.path.abspath(measured)) else 0)
