@@ -41,6 +41,7 @@ END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
 OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
                "log_interval", "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from",
                "cpu_procs", "cpu_threads"}
+ALPHA = 0.05  # the level of the Holm-corrected p below which a verdict's row is decided, and of the 95% intervals
 
 # ---------------------------------------------------------------- summaries over runs: means, seeds, settings, trends
 
@@ -118,6 +119,56 @@ def _correlation(x, ys):  # Pearson correlation of x (n,) with each row of ys (k
     x = x - x.mean()
     ys = ys - ys.mean(-1, keepdim=True)
     return (ys @ x) / (ys.norm(dim=-1) * x.norm()).clamp(min=1e-300)
+
+# ---------------------------------------------------------------- the verdict's statistics: interval, Holm, words
+
+def t_quantile(q, df):
+    """The q quantile (q > 1/2) of Student's t with df >= 1 degrees of freedom, fractional ones too (Welch's): the
+    density integrated from 0 by trapezoids on a grid of step 1e-4, and the grid point where it reaches q - 1/2."""
+    x = torch.linspace(0, 100, 1_000_001, dtype=torch.float64)
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = torch.exp(log_norm - (df + 1) / 2 * torch.log1p(x ** 2 / df))
+    mass = torch.cumulative_trapezoid(density, x)  # mass[i] = P(0 < T < x[i + 1])
+    return x[torch.searchsorted(mass, q - 0.5) + 1].item()
+
+def welch_interval(v0, v1, level=1 - ALPHA):
+    """The difference of means mean(v1) - mean(v0) and its `level` interval by Student's t with Welch's degrees of
+    freedom: diff -+ t * se, se = sqrt(s0^2/n0 + s1^2/n1), df = se^4 / ((s0^2/n0)^2/(n0-1) + (s1^2/n1)^2/(n1-1)).
+    Returns (diff, low, high); low and high None with one value in a group (no spread to measure)."""
+    s0, s1 = _mean_std(v0), _mean_std(v1)
+    diff = s1["mean"] - s0["mean"]
+    if min(s0["n"], s1["n"]) < 2:
+        return diff, None, None
+    a = s0["std"] ** 2 / s0["n"]
+    b = s1["std"] ** 2 / s1["n"]
+    if a + b == 0:  # every seed gave the same value: no spread, the interval is the point
+        return diff, diff, diff
+    df = (a + b) ** 2 / (a ** 2 / (s0["n"] - 1) + b ** 2 / (s1["n"] - 1))
+    half = t_quantile((1 + level) / 2, df) * math.sqrt(a + b)
+    return diff, diff - half, diff + half
+
+def holm(ps):
+    """Holm's step-down correction of the p-values ps (in their order): the i-th smallest of m times (m - i + 1),
+    made non-decreasing along the sorted order (a p never gets a smaller correction than a smaller p), at most 1."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    corrected = [None] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        corrected[i] = running
+    return corrected
+
+def verdict_words(diff, low, high, holm_p, better, margin):
+    """The rule, written once: "helps" or "hurts" (a metric with a better way) and "raises" or "lowers" (geometry)
+    only where the Holm-corrected p is below ALPHA; "no difference larger than X" where the interval lies inside
+    [-X, X]; else "undecided"."""
+    if holm_p < ALPHA:
+        if better is None:
+            return "raises" if diff > 0 else "lowers"
+        return "helps" if (diff > 0) == (better == "higher") else "hurts"
+    if low is not None and -margin <= low and high <= margin:
+        return f"no difference larger than {margin:.4g}"
+    return "undecided"
 
 # ---------------------------------------------------------------- figures against n_lap
 

@@ -48,6 +48,58 @@ def test_permutation_p_exchanges_labels_only_within_a_machine():
     assert report.permutation_p([(v, "A") for v in ones], [(v, "A") for v in twos]) == pytest.approx(exact)
 
 
+def test_t_quantile_against_closed_forms():
+    """by hand: with 1 degree of freedom t is Cauchy, q = 1/2 + atan(t) / pi, so t_0.975 = tan(0.475 pi) = 12.7062;
+    with 2, q = 1/2 + t / (2 sqrt(2 + t^2)), so t_0.975 = 0.95 / sqrt(2 * 0.975 * 0.025) = 4.3027; with very many,
+    the normal's 1.9600; tables give 2.7764 for 4 and 3.1824 for 3 (the grid's step is 1e-4)."""
+    assert report.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), abs=2e-4)
+    assert report.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), abs=2e-4)
+    assert report.t_quantile(0.975, 4) == pytest.approx(2.7764, abs=2e-4)
+    assert report.t_quantile(0.975, 3) == pytest.approx(3.1824, abs=2e-4)
+    assert report.t_quantile(0.975, 1e6) == pytest.approx(1.9600, abs=2e-4)
+
+
+def test_welch_interval_by_hand():
+    """[0, 1, 2] against [3, 4, 5]: difference 3, both variances 1, se = sqrt(1/3 + 1/3) = 0.8165, Welch's df =
+    (2/3)^2 / ((1/3)^2 / 2 + (1/3)^2 / 2) = 4, so 3 -+ 2.7764 * 0.8165 = [0.7331, 5.2669]. [1, 2, 3] against [4, 6, 8]:
+    variances 1 and 4, se^2 = 1/3 + 4/3 = 5/3, df = (5/3)^2 / ((1/3)^2 / 2 + (4/3)^2 / 2) = 50/17 = 2.94 (between the
+    tables' 2 and 3: t between 3.1824 and 4.3027)."""
+    diff, low, high = report.welch_interval([0, 1, 2], [3, 4, 5])
+    assert (diff, low, high) == (pytest.approx(3), pytest.approx(0.7331, abs=3e-4), pytest.approx(5.2669, abs=3e-4))
+    diff, low, high = report.welch_interval([1, 2, 3], [4, 6, 8])
+    se = math.sqrt(5 / 3)
+    assert diff == pytest.approx(4) and high - diff == pytest.approx(diff - low)
+    assert (high - diff) / se == pytest.approx(report.t_quantile(0.975, 50 / 17))
+    assert 3.1824 < (high - diff) / se < 4.3027
+    assert report.welch_interval([1.0], [2.0, 3.0]) == (pytest.approx(1.5), None, None)  # one seed: no spread
+    assert report.welch_interval([1.0, 1.0], [2.0, 2.0]) == (1.0, 1.0, 1.0)  # no spread at all: the point
+
+
+def test_holm_by_hand():
+    """p = 0.01, 0.04, 0.03, 0.005 (m = 4), sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04,
+    the last raised to the 0.06 before it; in the given order 0.03, 0.06, 0.06, 0.02. Capped at 1: 0.5 * 2 = 1."""
+    assert report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert report.holm([0.5, 0.6]) == [1.0, 1.0]
+    # 6 + 6 runs of one machine: the smallest exact p is 2 / C(12, 6) = 2/924, and Holm multiplies the smallest p by
+    # the number of comparisons m, so a row can reach 0.05 only if m <= 23 (23 * 2/924 = 0.0498, 24 * 2/924 = 0.052)
+    assert report.holm([2 / 924] * 23)[0] < 0.05 < report.holm([2 / 924] * 24)[0]
+
+
+def test_verdict_words_follow_the_rule():
+    """helps/hurts by the better way, raises/lowers without one, only below 0.05 after Holm; else the interval
+    against the margin: inside +-X (its ends included) is 'no difference larger than X', else undecided."""
+    words = report.verdict_words
+    assert words(+0.01, 0.005, 0.015, 0.01, "higher", 0.005) == "helps"
+    assert words(+0.03, 0.02, 0.04, 0.01, "lower", 0.01) == "hurts"  # bits per byte up: worse
+    assert words(-0.03, -0.04, -0.02, 0.049, "lower", 0.01) == "helps"
+    assert words(-0.1, -0.12, -0.08, 0.01, None, 0.02) == "lowers"
+    assert words(+0.1, 0.08, 0.12, 0.01, None, 0.02) == "raises"
+    assert words(+0.001, -0.003, 0.005, 0.2, "higher", 0.005) == "no difference larger than 0.005"
+    assert words(+0.002, -0.001, 0.006, 0.2, "higher", 0.005) == "undecided"  # reaches past X
+    assert words(+0.01, 0.005, 0.015, 0.05, "higher", 0.005) == "undecided"  # 0.05 is not below 0.05
+    assert words(+0.01, None, None, 0.5, "higher", 0.5) == "undecided"  # one seed: no interval
+
+
 def test_recorded_machine_reads_the_results_folders_record():
     recorded = {"Intel_Xeon": ["vit/*", "vit_deit/k*-s0"], "AMD_EPYC": ["vit_deit/k*-s2"]}
     assert report.recorded_machine(recorded, "vit/k3-s1") == "Intel_Xeon"
