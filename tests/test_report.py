@@ -100,6 +100,62 @@ def test_verdict_words_follow_the_rule():
     assert words(+0.01, None, None, 0.5, "higher", 0.5) == "undecided"  # one seed: no interval
 
 
+def test_verdict_rows_from_run_folders(tmp_path):
+    """The verdict on fake ViT runs: vit_default (3 + 3 seeds) stands in until six_vit_default is there (6 + 6 seeds,
+    one machine). By hand, for six_vit_default: val_acc 0.80-0.85 against 0.90-0.95 (steps of 0.01): +0.1,
+    separated, p = 2/924; of the 7 rows (val_acc, the within-sequence share, the between-class share and their
+    ratio, the share and cosine after the last block, NC1: fake_run has no other NC and no ETF), four are
+    separated (val_acc, the two shares, the last block's share), so Holm gives the first 7 * 2/924 = 0.01515 and the
+    others no less: helps, lowers, raises, lowers. The ratio and cosine are the same at every seed: a point at 0,
+    inside their margins."""
+    def make(set_name, seeds):
+        for s in seeds:
+            fake_run(tmp_path, "vit", 0, s, dict(val_acc=0.80 + s / 100), 0.30 + s / 100, set_name=set_name)
+            fake_run(tmp_path, "vit", 4, s, dict(val_acc=0.90 + s / 100), 0.20 + s / 100, set_name=set_name)
+    make("vit_default", range(3))
+    rows = report.verdict_rows(report.collect_runs(str(tmp_path)))
+    acc = rows[0]
+    assert (acc["metric"], acc["set"], acc["p"], acc["floor"]) == ("val_acc", "vit_default", pytest.approx(0.1), 0.1)
+    # 0.80-0.82 against 0.90-0.92: +0.1, both variances 1e-4, se = sqrt(2e-4 / 3), df 4
+    assert (acc["low"], acc["high"]) == (pytest.approx(0.1 - 2.7764 * math.sqrt(2e-4 / 3), abs=1e-5),
+                                         pytest.approx(0.1 + 2.7764 * math.sqrt(2e-4 / 3), abs=1e-5))
+    assert acc["holm"] == pytest.approx(0.7) and acc["words"] == "undecided"  # 7 * 0.1
+    make("six_vit_default", range(6))
+    rows = {r["metric"]: r for r in report.verdict_rows(report.collect_runs(str(tmp_path)))}
+    assert list(rows) == ["val_acc", "within-sequence share", "between-class share", "within-class / between-class",
+                          "within-sequence share, last block", "cosine, last block", "NC1"]
+    assert {r["set"] for r in rows.values()} == {"six_vit_default"} and rows["val_acc"]["machines"] == (
+        "unrecorded (seeds 0, 1, 2, 3, 4, 5)")
+    assert rows["val_acc"]["p"] == pytest.approx(2 / 924) and rows["val_acc"]["holm"] == pytest.approx(7 * 2 / 924)
+    assert [rows[k]["words"] for k in ("val_acc", "within-sequence share", "between-class share",
+                                       "within-sequence share, last block")] == ["helps", "lowers", "raises", "lowers"]
+    assert rows["within-class / between-class"]["words"] == "no difference larger than 0.03333"  # 10% of 1/3
+    assert rows["cosine, last block"]["words"] == "no difference larger than 0.02"
+    # NC1 is 1 + seed against 5 + seed: of the 924 labelings of 1-6 and 5-10, those whose six reach a sum of 45 or
+    # more (10, 9, 8, 7 and a 6 and a 5: 4 ways; and 6, 6: 1) or 21 or less (the mirror: 5) reach |+4|: p = 10/924;
+    # fifth smallest of 7, Holm's step-down multiplies it by 7 - 4 = 3: 0.0325, below 0.05
+    assert rows["NC1"]["p"] == pytest.approx(10 / 924) and rows["NC1"]["holm"] == pytest.approx(3 * 10 / 924)
+    assert rows["NC1"]["words"] == "raises"
+    lines = report.oversmoothing_lines(list(rows.values()))
+    assert "| six_vit_default | lowers | helps | holds |" in lines
+
+
+def test_verdict_maps_show_the_same_images():
+    """The side-by-side DINO PCA maps are one seed's n_lap 0 and 4 figures: analyze.py draws the same images in both,
+    so the images' panels (the figure's upper part, under the title) are the same pixels; the title and the maps
+    below differ."""
+    from matplotlib.image import imread
+    collected = report.collect_runs(os.path.join(ROOT, "results"))
+    chosen = report.verdict_sets(collected)
+    for name in [chosen["dino"], *report.PCA_MAP_SETS]:
+        runs = {r["n_lap_label"]: r["run"] for r in collected[name] if r["seed"] == 0}
+        a, b = (imread(os.path.join(runs[k], "pca_maps.png")) for k in ("0", "4"))
+        height = a.shape[0]
+        same = (a == b).all(axis=(1, 2))
+        assert a.shape == b.shape and same[int(0.15 * height):int(0.5 * height)].all(), name
+        assert not same.all()
+
+
 def test_recorded_machine_reads_the_results_folders_record():
     recorded = {"Intel_Xeon": ["vit/*", "vit_deit/k*-s0"], "AMD_EPYC": ["vit_deit/k*-s2"]}
     assert report.recorded_machine(recorded, "vit/k3-s1") == "Intel_Xeon"
@@ -267,6 +323,7 @@ def test_report_from_saved_artefacts(tmp_path):
     assert "| 4 | laplacian | -0.1500 ± 0.0707 | -0.4000 ± 0.1414 |" in deep_md and "| 0 | attention |" not in deep_md
     assert "Per-head analysis" not in vit_md
     assert f"`python results/report.py --results={root}`: end metrics" in md  # the command that made it
+    assert "None of the verdict's sets is in this results folder." in md and not (root / "figures" / "verdict").exists()
     # no runs, no folder, a folder without an analysis to compare: one-line errors
     (tmp_path / "empty").mkdir()
     p = subprocess.run([sys.executable, SCRIPT, "--results=empty"], cwd=tmp_path, capture_output=True, text=True,
@@ -281,14 +338,23 @@ def test_report_from_saved_artefacts(tmp_path):
 
 @pytest.mark.slow  # half a minute: every figure of the committed sets
 def test_committed_summary_is_the_report_of_the_committed_artefacts(tmp_path):
-    """results/summary.md, where RESULTS.md's tables come from, is exactly what the report makes of the committed run
-    folders: an artefact added or changed without regenerating the report fails here."""
+    """results/summary.md, where RESULTS.md's tables come from, and every figure of results/figures/ are exactly what
+    the report makes of the committed run folders, byte for byte (with the matplotlib that drew the committed
+    figures: another version may place a pixel differently): an artefact added or changed without regenerating
+    the report fails here."""
     p = subprocess.run([sys.executable, SCRIPT, f"--out={tmp_path}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     with open(os.path.join(ROOT, "results", "summary.md")) as f:
         committed = f.read()
     assert (tmp_path / "summary.md").read_text() == committed
+    results = os.path.join(ROOT, "results")
+    drawn = sorted(os.path.relpath(f, tmp_path) for f in glob.glob(f"{tmp_path}/figures/**/*.png", recursive=True))
+    kept = sorted(os.path.relpath(f, results) for f in glob.glob(f"{results}/figures/**/*.png", recursive=True))
+    assert drawn == kept
+    for f in drawn:
+        with open(os.path.join(results, f), "rb") as png:
+            assert (tmp_path / f).read_bytes() == png.read(), f
 
 
 def test_headline_figure(tmp_path, figure_texts):
