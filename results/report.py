@@ -453,7 +453,8 @@ def exact_change_lines(groups):
     n_blocks = max(len(h["layers"]) for g in groups for h in g["heads"])
     lines = ["", "Exact change of the block input's within-sequence variance, WSV(X + U) / WSV(X) − 1, per block, "
              "mean ± std over seeds:", "",
-             "| n_lap | update | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |", "|---" * (n_blocks + 2) + "|"]
+             "| n_lap | update (exact change) | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |",
+             "|---" * (n_blocks + 2) + "|"]
     for g in groups:
         rows = {f"one {kind} head (mean)": [_head_exact(h, kind == "Laplacian") for h in g["heads"]]
                 for kind in ("Laplacian", "attention")}
@@ -514,7 +515,8 @@ def group_heads_lines(groups):  # summary.md: per n_lap and block, the mean rho 
     n_blocks = max(len(m["laplacian"]) for g in groups for m in g["head_means"])
     lines = ["", "Per-head analysis: mean first-order change rho of the block input's within-sequence variance "
              "(negative = the heads smooth), per block, mean ± std over seeds:", "",
-             "| n_lap | heads | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |", "|---" * (n_blocks + 2) + "|"]
+             "| n_lap | heads (first-order change ρ) | " + " | ".join(f"block {l + 1}" for l in range(n_blocks)) + " |",
+             "|---" * (n_blocks + 2) + "|"]
     for g in groups:
         for kind in ("laplacian", "attention"):
             lines += block_row(g["n_lap"], kind, [m[kind] for m in g["head_means"]], n_blocks)
