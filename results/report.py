@@ -644,18 +644,25 @@ def verdict_lines(rows, sets_line, figures):
 
 def oversmoothing_lines(rows):
     """summary.md: "some oversmoothing is beneficial", read from two rows of a set (no comparison of its own): it holds
-    where the within-sequence share is decided lower and the accuracy decided higher, and is contradicted where
-    either is decided the other way."""
+    where the within-sequence share is decided lower and the accuracy decided higher, is contradicted where either
+    is decided the other way, and finds no gain where the share is lower and accuracy bounded."""
     words = {(r["set"], r["metric"]): r["words"] for r in rows}
     sets = [r["set"] for r in rows if r["metric"] == "within-sequence share" and (r["set"], "val_acc") in words]
     lines = ["", "'Some oversmoothing is beneficial', read from the two rows above of each set (no comparison of its "
-             "own): it holds where the within-sequence share is decided lower and val_acc decided higher, and is "
-             "contradicted where either is decided the other way; otherwise undecided.", "",
+             "own): it holds where the within-sequence share is decided lower and val_acc decided higher; it is "
+             "contradicted where either is decided the other way; smoother without a gain where the share is decided "
+             "lower and val_acc has no difference larger than X; otherwise undecided.", "",
              "| set | within-sequence share | val_acc | some oversmoothing is beneficial |", "|---|---|---|---|"]
     for name in sets:
         share, acc = words[name, "within-sequence share"], words[name, "val_acc"]
-        holds = "holds" if (share, acc) == ("lowers", "helps") else (
-            "contradicted" if share == "raises" or acc == "hurts" else "undecided")
+        if (share, acc) == ("lowers", "helps"):
+            holds = "holds"
+        elif share == "raises" or acc == "hurts":
+            holds = "contradicted"
+        elif share == "lowers" and acc.startswith("no difference"):
+            holds = "smoother without a gain"
+        else:
+            holds = "undecided"
         lines.append(f"| {name} | {share} | {acc} | {holds} |")
     return lines
 

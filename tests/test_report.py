@@ -138,6 +138,11 @@ def test_verdict_rows_from_run_folders(tmp_path):
     assert rows["NC1"]["words"] == "raises"
     lines = report.oversmoothing_lines(list(rows.values()))
     assert "| six_vit_default | lowers | helps | holds |" in lines
+    cases = {("lowers", "helps"): "holds", ("raises", "helps"): "contradicted", ("undecided", "hurts"): "contradicted",
+             ("lowers", "no difference larger than 0.005"): "smoother without a gain", ("lowers", "undecided"): "undecided"}
+    for (share, acc), verdict in cases.items():
+        two = [dict(set="s", metric="within-sequence share", words=share), dict(set="s", metric="val_acc", words=acc)]
+        assert report.oversmoothing_lines(two)[-1] == f"| s | {share} | {acc} | {verdict} |"
 
 
 def test_verdict_maps_show_the_same_images():
