@@ -684,28 +684,37 @@ def verdict_sets_line(collected, chosen):  # summary.md: the verdict's set of ea
 
 def verdict_figures(collected, chosen, dest):
     """The verdict's figures in dest/figures/verdict/, n_lap 0 against 4: the ViT's ETF class means, each paradigm's
-    within-sequence PCA spectrum, and DINO's PCA maps of one seed, the two runs' figures one above the other.
-    Returns their paths in dest."""
+    within-sequence PCA spectrum, and one seed's per-run figures (run_pair) one above the other: DINO's PCA maps,
+    and where the run folders keep them the ViT's token PCA and ETF scatter. Returns their paths in dest."""
     if not chosen:
         return []
     folder = os.path.join(dest, "figures", "verdict")
     os.makedirs(folder, exist_ok=True)
     figures = []
-    vit = [(chosen[g], by_n_lap(collected[chosen[g]])) for g in VIT_SETS if g in chosen]
-    if vit and all(r.get("etf") for g in VIT_SETS if g in chosen for r in collected[chosen[g]]):
-        figures.append(fig_etf_means(vit, os.path.join(folder, "etf_vit.png")))
+    vit_sets = [chosen[g] for g in VIT_SETS if g in chosen]
+    if vit_sets and all(r.get("etf") for name in vit_sets for r in collected[name]):
+        panels = [(name, by_n_lap(collected[name])) for name in vit_sets]
+        figures.append(fig_etf_means(panels, os.path.join(folder, "etf_means_vit.png")))
     for paradigm, regimes in (("vit", VIT_SETS), ("gpt", ("gpt",)), ("dino", ("dino",))):
         panels = [(chosen[g], by_n_lap(collected[chosen[g]])) for g in regimes if g in chosen]
         if panels:
-            figures.append(fig_pca_spectra(panels, paradigm, os.path.join(folder, f"pca_{paradigm}.png")))
-    for name in [chosen[g] for g in ("dino",) if g in chosen] + [s for s in PCA_MAP_SETS if s in collected]:
-        maps = {(r["n_lap_label"], r["seed"]): os.path.join(r["run"], "pca_maps.png") for r in collected[name]
-                if os.path.isfile(os.path.join(r["run"], "pca_maps.png"))}
-        seeds = sorted(s for k, s in maps if k == "0" and ("4", s) in maps)
-        if seeds:  # analyze.py draws the same images in every run of a dataset: one seed's two runs show them
-            figures.append(fig_stack([maps["0", seeds[0]], maps["4", seeds[0]]],
-                                     os.path.join(folder, f"pca_maps_{name}.png")))
+            figures.append(fig_pca_spectra(panels, paradigm, os.path.join(folder, f"pca_spectrum_{paradigm}.png")))
+    dino_sets = [chosen[g] for g in ("dino",) if g in chosen] + [name for name in PCA_MAP_SETS if name in collected]
+    for png, names in (("pca_maps.png", dino_sets), ("pca.png", vit_sets), ("etf.png", vit_sets)):
+        for name in names:
+            pair = run_pair(collected[name], png)
+            if pair:  # analyze.py draws the same images in every run of a dataset: one seed's two runs show them
+                figures.append(fig_stack(pair, os.path.join(folder, f"{png[:-4]}_{name}.png")))
     return [os.path.join("figures", "verdict", f) for f in figures]
+
+def run_pair(runs, png):
+    """The per-run figure png of the n_lap 0 and the n_lap 4 run of the lowest seed whose run folders both keep it, or
+    None. sweep.sh keeps DINO's pca_maps.png; a ViT's pca.png and etf.png (the paper's token PCA and ETF scatter)
+    stay in the run's analysis folder unless copied next to its analysis.json."""
+    found = {(r["n_lap_label"], r["seed"]): os.path.join(r["run"], png) for r in runs
+             if os.path.isfile(os.path.join(r["run"], png))}
+    seeds = sorted(seed for n_lap, seed in found if n_lap == "0" and ("4", seed) in found)
+    return [found["0", seeds[0]], found["4", seeds[0]]] if seeds else None
 
 def fig_etf_means(panels, path):
     """Per ViT set (columns), n_lap 0 (top) and 4 (bottom): each seed's three class means of the features the head

@@ -153,12 +153,29 @@ def test_verdict_maps_show_the_same_images():
     collected = report.collect_runs(os.path.join(ROOT, "results"))
     chosen = report.verdict_sets(collected)
     for name in [chosen["dino"], *report.PCA_MAP_SETS]:
-        runs = {r["n_lap_label"]: r["run"] for r in collected[name] if r["seed"] == 0}
-        a, b = (imread(os.path.join(runs[k], "pca_maps.png")) for k in ("0", "4"))
+        a, b = (imread(path) for path in report.run_pair(collected[name], "pca_maps.png"))
         height = a.shape[0]
         same = (a == b).all(axis=(1, 2))
         assert a.shape == b.shape and same[int(0.15 * height):int(0.5 * height)].all(), name
         assert not same.all()
+
+
+def test_run_pair_and_stack(tmp_path):
+    """A per-run figure of one seed's n_lap 0 and 4 runs (the lowest seed with both), one above the other pixel for
+    pixel; no pair, no figure."""
+    from matplotlib.image import imread, imsave
+    runs = []
+    for n_lap, seed, level in ((0, 1, 10), (4, 1, 200), (0, 2, 50), (4, 0, 90)):  # seed 1 alone has both
+        folder = tmp_path / f"k{n_lap}-s{seed}"
+        folder.mkdir()
+        imsave(folder / "pca.png", np.full((3, 5, 3), level, dtype=np.uint8))
+        runs.append(dict(run=str(folder), n_lap_label=str(n_lap), seed=seed))
+    pair = report.run_pair(runs, "pca.png")
+    assert pair == [str(tmp_path / "k0-s1" / "pca.png"), str(tmp_path / "k4-s1" / "pca.png")]
+    report.fig_stack(pair, str(tmp_path / "stacked.png"))
+    stacked = (imread(tmp_path / "stacked.png")[..., :3] * 255).round()
+    assert stacked.shape == (6, 5, 3) and (stacked[:3] == 10).all() and (stacked[3:] == 200).all()
+    assert report.run_pair(runs, "etf.png") is None
 
 
 def test_recorded_machine_reads_the_results_folders_record():
