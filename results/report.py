@@ -47,7 +47,8 @@ OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "c
 ALPHA = 0.05  # the level of the Holm-corrected p below which a verdict's row is decided, and of the 95% intervals
 
 # The verdict's sets, one per regime: the six-seed set trained on one machine kind, and the three-seed set it repeats,
-# which stands in while the first is not in the results folder. The verdict reads the first of each pair it finds
+# which stands in while the first is not in the results folder. The verdict reads the first of each pair it finds,
+# whatever its seeds: a six-seed set belongs in results/ once it is complete
 VERDICT_SETS = {"vit_mean": ("six_vit_default", "vit_default"),  # mean pooling, 18 epochs: the CPU default
                 "vit_cls": ("six_vit_cls", "vit_cls_amd"),  # CLS token, 4 epochs
                 "vit_cls_ls": ("six_vit_cls_ls12", "vit_cls_ls12"),  # CLS token + LayerScale 1e-6, 12 epochs
