@@ -11,12 +11,12 @@ n_lap value, the per-head means, and figures against n_lap. The sweep's report d
 (results/<set>/), writes summary.md, and draws the README's headline figure. It opens summary.md with the verdict:
 every claim of the paper, n_lap = 4 against 0 on the sets VERDICT_SETS names, each with its 95% interval, exact
 permutation p and Holm's correction over the whole table, in words that follow one rule; its figures go to
-results/figures/verdict/.
+results/figures/verdict/. The statistics themselves (means, effects, p-values, intervals, Holm's correction, the
+rule's words) are results/stats.py's.
 """
 
 import fnmatch
 import glob
-import itertools
 import json
 import math
 import os
@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import analyze  # noqa: E402
 import common  # noqa: E402
+import stats  # noqa: E402  (results/stats.py, beside this file)
 from common import UsageError  # noqa: E402
 
 # ---------------------------------------------------------------- options
@@ -44,7 +45,6 @@ END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
 OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
                "log_interval", "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from",
                "cpu_procs", "cpu_threads"}
-ALPHA = 0.05  # the level of the Holm-corrected p below which a verdict's row is decided, and of the 95% intervals
 
 # The verdict's sets, one per regime: the six-seed set trained on one machine kind, and the three-seed set it repeats,
 # which stands in while the first is not in the results folder. The verdict reads the first of each pair it finds,
@@ -107,12 +107,7 @@ MARGIN_REASONS = [
     "ratios, NC1-NC3, the ETF vertex distance and k_alpha 10% of the n_lap 0 mean (half the paper's change of k_0.99, "
     "547.7 → 430.4, −21%)"]
 
-# ---------------------------------------------------------------- summaries over runs: means, seeds, settings, trends
-
-def _mean_std(values):
-    v = torch.tensor([x for x in values if x is not None], dtype=torch.float64)
-    std = (v.std().item() if len(v) > 1 else 0.0) if len(v) else None  # unbiased
-    return dict(mean=v.mean().item() if len(v) else None, std=std, n=len(v))
+# ---------------------------------------------------------------- summaries over runs: curves, seeds, settings, corpora
 
 def _mean_curve(curves):  # the mean of several runs' curves, cut to the shortest
     n = min(len(c) for c in curves)
@@ -134,113 +129,13 @@ def one_corpus(results, name):
     if len(corpora) > 1:
         raise UsageError(f"the {name} runs trained on different corpora ({', '.join(corpora)}): their losses do not compare")
 
-def effect(v0, v1):
-    """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
-    (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0 (None
-    with one seed in a group: one run against one says nothing about the spread)."""
-    s0, s1 = _mean_std(v0), _mean_std(v1)
-    if min(s0["n"], s1["n"]) < 2:
-        return s1["mean"] - s0["mean"], None, None
-    se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"])
-    return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
-
-def permutation_p(pairs0, pairs1):
-    """Exact two-sided permutation p of the difference of means of two groups of (value, machine) pairs, with the labels
-    exchanged only between runs of one machine (floats differ between machines, so only those runs are exchangeable):
-    the share of all such relabelings whose |difference| reaches the observed one. 3 + 3 runs of one machine: at
-    least 2/20 = 0.10; a set that mixes machines as 1 + 1 and 2 + 2 runs: at least 2/12."""
-    machines = sorted({m for _, m in pairs0 + pairs1})
-    strata = []  # per machine: its values and how many of them are group 1's
-    for machine in machines:
-        values = [v for v, m in pairs0 + pairs1 if m == machine]
-        strata.append((values, sum(m == machine for _, m in pairs1)))
-    n0, n1 = len(pairs0), len(pairs1)
-    observed = abs(sum(v for v, _ in pairs1) / n1 - sum(v for v, _ in pairs0) / n0)
-    hits = total = 0
-    for choice in itertools.product(*[itertools.combinations(range(len(v)), k) for v, k in strata]):
-        ones = sum(v[i] for (v, _), picked in zip(strata, choice) for i in picked)
-        rest = sum(sum(v) for v, _ in strata) - ones
-        hits += abs(ones / n1 - rest / n0) >= observed - 1e-12 * max(1.0, observed)
-        total += 1
-    return hits / total
-
-def spearman_trend(xs, ys, samples=10_000, seed=0):
-    """Spearman's rank correlation of ys against xs (ties share their mean rank) over all runs of a set, and its
-    two-sided permutation p: the share of `samples` random pairings of the same values (fixed seed) whose |correlation|
-    reaches the observed one, counting the observed pairing once: (hits + 1) / (samples + 1)."""
-    rx, ry = _ranks(xs), _ranks(ys)
-    observed = _correlation(rx, ry[None])[0]
-    g = torch.Generator().manual_seed(seed)
-    shuffled = torch.stack([ry[torch.randperm(len(ry), generator=g)] for _ in range(samples)])
-    hits = (_correlation(rx, shuffled).abs() >= abs(observed) - 1e-12).sum().item()
-    return observed.item(), (hits + 1) / (samples + 1)
-
-def _ranks(values):  # ranks 1..n, ties at their mean rank
-    v = torch.tensor(values, dtype=torch.float64)
-    return torch.tensor([((v < x).sum() + ((v == x).sum() + 1) / 2).item() for x in v], dtype=torch.float64)
-
-def _correlation(x, ys):  # Pearson correlation of x (n,) with each row of ys (k, n)
-    x = x - x.mean()
-    ys = ys - ys.mean(-1, keepdim=True)
-    return (ys @ x) / (ys.norm(dim=-1) * x.norm()).clamp(min=1e-300)
-
-# ---------------------------------------------------------------- the verdict's statistics: interval, Holm, words
-
-def t_quantile(q, df):
-    """The q quantile (q > 1/2) of Student's t with df >= 1 degrees of freedom, fractional ones too (Welch's): the
-    density integrated from 0 by trapezoids on a grid of step 1e-4, and the grid point where it reaches q - 1/2."""
-    x = torch.linspace(0, 100, 1_000_001, dtype=torch.float64)
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    density = torch.exp(log_norm - (df + 1) / 2 * torch.log1p(x ** 2 / df))
-    mass = torch.cumulative_trapezoid(density, x)  # mass[i] = P(0 < T < x[i + 1])
-    return x[torch.searchsorted(mass, q - 0.5) + 1].item()
-
-def welch_interval(v0, v1, level=1 - ALPHA):
-    """The difference of means mean(v1) - mean(v0) and its `level` interval by Student's t with Welch's degrees of
-    freedom: diff -+ t * se, se = sqrt(s0^2/n0 + s1^2/n1), df = se^4 / ((s0^2/n0)^2/(n0-1) + (s1^2/n1)^2/(n1-1)).
-    Returns (diff, low, high); low and high None with one value in a group (no spread to measure)."""
-    s0, s1 = _mean_std(v0), _mean_std(v1)
-    diff = s1["mean"] - s0["mean"]
-    if min(s0["n"], s1["n"]) < 2:
-        return diff, None, None
-    a = s0["std"] ** 2 / s0["n"]
-    b = s1["std"] ** 2 / s1["n"]
-    if a + b == 0:  # every seed gave the same value: no spread, the interval is the point
-        return diff, diff, diff
-    df = (a + b) ** 2 / (a ** 2 / (s0["n"] - 1) + b ** 2 / (s1["n"] - 1))
-    half = t_quantile((1 + level) / 2, df) * math.sqrt(a + b)
-    return diff, diff - half, diff + half
-
-def holm(ps):
-    """Holm's step-down correction of the p-values ps (in their order): the i-th smallest of m times (m - i + 1),
-    made non-decreasing along the sorted order (a p never gets a smaller correction than a smaller p), at most 1."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    corrected = [None] * len(ps)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        corrected[i] = running
-    return corrected
-
-def verdict_words(diff, low, high, holm_p, better, margin):
-    """The rule, written once: "helps" or "hurts" (a metric with a better way) and "raises" or "lowers" (geometry)
-    only where the Holm-corrected p is below ALPHA; "no difference larger than X" where the interval lies inside
-    [-X, X]; else "undecided"."""
-    if holm_p < ALPHA:
-        if better is None:
-            return "raises" if diff > 0 else "lowers"
-        return "helps" if (diff > 0) == (better == "higher") else "hurts"
-    if low is not None and -margin <= low and high <= margin:
-        return f"no difference larger than {margin:.4g}"
-    return "undecided"
-
 # ---------------------------------------------------------------- figures against n_lap
 
 def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [(label, [{"mean", "std"} per x])]
     # ax: a panel of a larger figure, not saved here
     fig, ax = (ax.figure, ax) if ax else analyze.pyplot().subplots(figsize=(5, 3.6))
-    for (label, stats), fmt in zip(series, ("o-", "s--", "^:", "d-.", "v-", "x--") * len(series)):
-        pts = [(x, s) for x, s in zip(xs, stats) if s["mean"] is not None]
+    for (label, points), fmt in zip(series, ("o-", "s--", "^:", "d-.", "v-", "x--") * len(series)):
+        pts = [(x, s) for x, s in zip(xs, points) if s["mean"] is not None]
         ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=fmt,
                     capsize=3, label=label)
     ax.set_xticks(xs, ticks, rotation=30 if any(" " in k for k in ticks) else 0)
@@ -257,8 +152,8 @@ def fig_head_means(table, color, title, path):
     for row in table:
         for kind, style in (("laplacian", "o-"), ("attention", "s--")):
             per_block = list(zip(*[m[kind] for m in row["head_means"]]))  # blocks x seeds
-            stats = [_mean_std(values) for values in per_block]
-            pts = [(l + 1, s) for l, s in enumerate(stats) if s["mean"] is not None]
+            points = [stats.mean_std(values) for values in per_block]
+            pts = [(l + 1, s) for l, s in enumerate(points) if s["mean"] is not None]
             if pts:
                 ax.errorbar([p for p, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=style,
                             capsize=3, color=color[row["n_lap"]], label=f"n_lap={row['n_lap']}: {kind} heads")
@@ -270,7 +165,7 @@ def fig_head_means(table, color, title, path):
 
 def _point(comparison, point, key):  # mean +- std of `key` in the group at point (x, label); mean None: no point there
     found = [g for g in comparison["groups"] if (g["n_lap_mean"], g["n_lap"]) == point]
-    return _mean_std(found[0]["values"][key]) if found else {"mean": None}
+    return stats.mean_std(found[0]["values"][key]) if found else {"mean": None}
 
 def fig_headline(sets, path):
     """The README's figure, a column per paradigm: its headline end metric (END_METRICS' first; top) and the
@@ -300,7 +195,7 @@ def fig_headline(sets, path):
 
 # ---------------------------------------------------------------- comparisons of several runs, and the sweep's report
 
-def _ms(d):  # a _mean_std for a table: mean ± std (the std only over several seeds)
+def _ms(d):  # a stats.mean_std for a table: mean ± std (the std only over several seeds)
     if d["mean"] is None:
         return "n/a"
     return f"{d['mean']:.4g}" + (f" ± {d['std']:.2g}" if d["n"] > 1 else "")
@@ -322,8 +217,8 @@ def compare(results, out_dir, prefix, name):
     metric, better = analyze.FINAL_METRIC[kind]
     parts = [k for k in analyze.FRACS if k in results[0]["anova"]]
     table = [{"n_lap": k, "n_lap_mean": g[0]["n_lap_mean"], "runs": [r["run"] for r in g],
-              "seeds": [r["seed"] for r in g], metric: _mean_std(r["final_metric"]["value"] for r in g),
-              **{key: _mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
+              "seeds": [r["seed"] for r in g], metric: stats.mean_std(r["final_metric"]["value"] for r in g),
+              **{key: stats.mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
                  for key in parts + [f"k_{a}" for a in analyze.ALPHAS]},
               "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]},
               "head_means": [analyze.head_means(r["heads"]) for r in g if "heads" in r],
@@ -403,7 +298,7 @@ def compare_summary(comparisons, intro, verdict=()):
             [f"Note: these runs also differ in {', '.join(c['differing_settings'])}.", ""] if c["differing_settings"] else [])
         lines += [machines_line(groups), ""]
         lines += [f"| n_lap | runs | {' | '.join(keys)} |", "|---" * (len(keys) + 2) + "|"]
-        lines += [f"| {g['n_lap']} | {len(g['runs'])} | " + " | ".join(_ms(_mean_std(g["values"][k])) for k in keys)
+        lines += [f"| {g['n_lap']} | {len(g['runs'])} | " + " | ".join(_ms(stats.mean_std(g["values"][k])) for k in keys)
                   + " |" for g in groups]
         if len(groups) < 2 or g0["n_lap_mean"] != 0:
             lines += ["", "No effect table: it needs runs with n_lap = 0 and with more Laplacian heads."]
@@ -411,10 +306,10 @@ def compare_summary(comparisons, intro, verdict=()):
             lines += ["", f"| n_lap = {g1['n_lap']} − n_lap = 0 | difference | std. error | sign | separated | "
                       "p (within machines) |", "|---" * 6 + "|"]
             for k in [k for k in keys if g0["values"][k] and g1["values"][k]]:
-                diff, se, apart = effect(g0["values"][k], g1["values"][k])
+                diff, se, apart = stats.effect(g0["values"][k], g1["values"][k])
                 sign = "+" if diff > 0 else "−" if diff < 0 else "0"
                 verdict = "n/a (one run)" if apart is None else "yes" if apart else "no"
-                p = permutation_p(_machine_pairs(g0, k), _machine_pairs(g1, k))
+                p = stats.permutation_p(_machine_pairs(g0, k), _machine_pairs(g1, k))
                 lines.append(f"| {k} | {diff:+.4g} | {analyze.fmt(se, '.2g')} | {sign} | {verdict} | {p:.3g} |")
             n0, n1 = len(g0["runs"]), len(g1["runs"])
             lines += ["", f"difference = mean(n_lap = {g1['n_lap']}) − mean(n_lap = 0); std. error = sqrt(s0²/n0 + "
@@ -507,7 +402,7 @@ def trend_lines(groups, keys):  # summary.md: Spearman's trend over every n_lap 
         xs = [g["n_lap_mean"] for g in groups for _ in g["values"][k]]
         ys = [v for g in groups for v in g["values"][k]]
         if len(set(ys)) > 1 and len(set(xs)) > 1:
-            r, p = spearman_trend(xs, ys)
+            r, p = stats.spearman_trend(xs, ys)
             lines.append(f"| {k} | {r:+.3f} | {p:.4f} | {len(ys)} |")
     return lines + ["", "Spearman's correlation of each metric with n_lap over every run of the set (ties: mean ranks); "
                     "p: the share of 10,000 random pairings (seed 0) with at least the observed |correlation|."]
@@ -525,7 +420,7 @@ def group_heads_lines(groups):  # summary.md: per n_lap and block, the mean rho 
 
 def block_row(n_lap, label, per_run, n_blocks):
     """summary.md: one row of a per-block table, mean ± std over the runs' per-block values (None: none), or no row."""
-    per_block = [_mean_std([r[l] for r in per_run if l < len(r)]) for l in range(n_blocks)]
+    per_block = [stats.mean_std([r[l] for r in per_run if l < len(r)]) for l in range(n_blocks)]
     if all(s["mean"] is None for s in per_block):
         return []
     cells = ["n/a" if s["mean"] is None else f"{s['mean']:+.4f}" + (f" ± {s['std']:.4f}" if s["n"] > 1 else "")
@@ -584,9 +479,9 @@ def verdict_rows(collected):
                 row = verdict_row(metric, collected[chosen[regime]])
                 if row:  # None: a metric the set's analyses lack
                     rows.append(dict(row, claim=claim, set=chosen[regime]))
-    for row, corrected in zip(rows, holm([row["p"] for row in rows])):
+    for row, corrected in zip(rows, stats.holm([row["p"] for row in rows])):
         row["holm"] = corrected
-        row["words"] = verdict_words(row["diff"], row["low"], row["high"], corrected, row["better"], row["margin"])
+        row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], corrected, row["better"], row["margin"])
     return rows
 
 def verdict_row(metric, runs):
@@ -603,12 +498,13 @@ def verdict_row(metric, runs):
     ranks0 = [(i, machine) for i, (_, machine) in enumerate(pairs0)]
     ranks1 = [(len(pairs0) + i, machine) for i, (_, machine) in enumerate(pairs1)]
     better, paper, margin = VERDICT_METRICS[metric]
-    mean0 = _mean_std(v0)
+    mean0 = stats.mean_std(v0)
     if isinstance(margin, str):  # a share of the n_lap 0 mean
         margin = float(margin.rstrip("%")) / 100 * abs(mean0["mean"])
-    diff, low, high = welch_interval(v0, v1)
-    return dict(metric=metric, better=better, paper=paper, margin=margin, mean0=mean0, mean1=_mean_std(v1),
-                diff=diff, low=low, high=high, p=permutation_p(pairs0, pairs1), floor=permutation_p(ranks0, ranks1),
+    diff, low, high = stats.welch_interval(v0, v1)
+    return dict(metric=metric, better=better, paper=paper, margin=margin, mean0=mean0, mean1=stats.mean_std(v1),
+                diff=diff, low=low, high=high, p=stats.permutation_p(pairs0, pairs1),
+                floor=stats.permutation_p(ranks0, ranks1),
                 machines=machine_seeds([(machine, seed) for g in groups for _, machine, seed in g]))
 
 def verdict_lines(rows, sets_line, figures):
@@ -734,7 +630,7 @@ def fig_etf_means(panels, path):
                 for k, (mean, row) in enumerate(zip(means / means.norm(dim=1).mean(), rows / rows.norm(dim=1).mean())):
                     ax.scatter(*mean.tolist(), s=20, color=plt.cm.tab10(k), label=f"class {r['etf']['classes'][k]}")
                     ax.scatter(*row.tolist(), s=30, marker="x", color=plt.cm.tab10(k))
-            distance = _mean_std(r["etf"]["pooled"]["vertex_dist"] for r in runs)
+            distance = stats.mean_std(r["etf"]["pooled"]["vertex_dist"] for r in runs)
             ax.set(title=f"{name}, n_lap={n_lap}\nvertex distance {_ms(distance)}", aspect="equal", xlim=(-1.25, 1.25),
                    ylim=(-0.8, 1.2), xlabel="first axis of the classifier rows' plane", ylabel="second axis")
             ax.grid(alpha=0.3)
@@ -758,7 +654,7 @@ def fig_pca_spectra(panels, paradigm, path):
                 rest.append(1 - lam.cumsum(0) / lam.sum())
             curve = torch.stack(rest).mean(0)
             keep = curve > 1e-3  # k_0.99 is read at 0.01; past the centred rank the rest is 0, off a log plot
-            k99 = _mean_std(r["spectrum"]["k_0.99"] for r in runs)
+            k99 = stats.mean_std(r["spectrum"]["k_0.99"] for r in runs)
             ax.plot(torch.arange(1, len(curve) + 1)[keep].tolist(), curve[keep].tolist(), style, ms=3,
                     label=f"n_lap={n_lap}: $k_{{0.99}}$ = {_ms(k99)}")
         for level in (0.1, 0.01):

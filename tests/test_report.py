@@ -1,4 +1,4 @@
-"""results/report.py: the statistics of a comparison against hand-computed answers, comparisons of runs that
+"""results/stats.py and results/report.py: the statistics against hand-computed answers, comparisons of runs that
 analyze.py analysed, the sweep's report from saved artefacts (and that the committed results/summary.md is exactly the
 report of the committed artefacts), the headline figure, and the layering of the whole repository."""
 
@@ -15,6 +15,7 @@ import pytest
 
 import analyze
 import report
+import stats
 from common import UsageError
 from conftest import ROOT, result
 from test_analyze import FRACS, fashion_dir, make_run, run_analyze  # noqa: F401 (fashion_dir: a fixture)
@@ -37,26 +38,26 @@ def test_permutation_p_exchanges_labels_only_within_a_machine():
     """by hand: 3 + 3 separated runs of one machine: 2 of C(6, 3) = 20 labelings are as extreme; the same runs with
     seed 0 on another machine (1 + 1 and 2 + 2): 2 of 2 x C(4, 2) = 12; one machine per seed (1 + 1 each): 2 of 8."""
     v0, v1 = [0.1, 0.2, 0.3], [0.4, 0.5, 0.6]
-    assert report.permutation_p([(v, "A") for v in v0], [(v, "A") for v in v1]) == pytest.approx(2 / 20)
+    assert stats.permutation_p([(v, "A") for v in v0], [(v, "A") for v in v1]) == pytest.approx(2 / 20)
     mixed = ["X", "A", "A"]  # seed 0 on machine X, seeds 1-2 on A
-    assert report.permutation_p(list(zip(v0, mixed)), list(zip(v1, mixed))) == pytest.approx(2 / 12)
-    assert report.permutation_p(list(zip(v0, "XYZ")), list(zip(v1, "XYZ"))) == pytest.approx(2 / 8)
+    assert stats.permutation_p(list(zip(v0, mixed)), list(zip(v1, mixed))) == pytest.approx(2 / 12)
+    assert stats.permutation_p(list(zip(v0, "XYZ")), list(zip(v1, "XYZ"))) == pytest.approx(2 / 8)
     # overlapping groups: the observed |difference| 0.1 of [1, 2, 6] against [3, 4, 5] is reached by 18 of 20 labelings
     ones, twos = [1.0, 2.0, 6.0], [3.0, 4.0, 5.0]
     exact = sum(abs(sum(c) / 3 - (21 - sum(c)) / 3) >= 1 - 1e-9
                 for c in __import__("itertools").combinations(ones + twos, 3)) / 20
-    assert report.permutation_p([(v, "A") for v in ones], [(v, "A") for v in twos]) == pytest.approx(exact)
+    assert stats.permutation_p([(v, "A") for v in ones], [(v, "A") for v in twos]) == pytest.approx(exact)
 
 
 def test_t_quantile_against_closed_forms():
     """by hand: with 1 degree of freedom t is Cauchy, q = 1/2 + atan(t) / pi, so t_0.975 = tan(0.475 pi) = 12.7062;
     with 2, q = 1/2 + t / (2 sqrt(2 + t^2)), so t_0.975 = 0.95 / sqrt(2 * 0.975 * 0.025) = 4.3027; with very many,
     the normal's 1.9600; tables give 2.7764 for 4 and 3.1824 for 3 (the grid's step is 1e-4)."""
-    assert report.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), abs=2e-4)
-    assert report.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), abs=2e-4)
-    assert report.t_quantile(0.975, 4) == pytest.approx(2.7764, abs=2e-4)
-    assert report.t_quantile(0.975, 3) == pytest.approx(3.1824, abs=2e-4)
-    assert report.t_quantile(0.975, 1e6) == pytest.approx(1.9600, abs=2e-4)
+    assert stats.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), abs=2e-4)
+    assert stats.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), abs=2e-4)
+    assert stats.t_quantile(0.975, 4) == pytest.approx(2.7764, abs=2e-4)
+    assert stats.t_quantile(0.975, 3) == pytest.approx(3.1824, abs=2e-4)
+    assert stats.t_quantile(0.975, 1e6) == pytest.approx(1.9600, abs=2e-4)
 
 
 def test_welch_interval_by_hand():
@@ -64,31 +65,31 @@ def test_welch_interval_by_hand():
     (2/3)^2 / ((1/3)^2 / 2 + (1/3)^2 / 2) = 4, so 3 -+ 2.7764 * 0.8165 = [0.7331, 5.2669]. [1, 2, 3] against [4, 6, 8]:
     variances 1 and 4, se^2 = 1/3 + 4/3 = 5/3, df = (5/3)^2 / ((1/3)^2 / 2 + (4/3)^2 / 2) = 50/17 = 2.94 (between the
     tables' 2 and 3: t between 3.1824 and 4.3027)."""
-    diff, low, high = report.welch_interval([0, 1, 2], [3, 4, 5])
+    diff, low, high = stats.welch_interval([0, 1, 2], [3, 4, 5])
     assert (diff, low, high) == (pytest.approx(3), pytest.approx(0.7331, abs=3e-4), pytest.approx(5.2669, abs=3e-4))
-    diff, low, high = report.welch_interval([1, 2, 3], [4, 6, 8])
+    diff, low, high = stats.welch_interval([1, 2, 3], [4, 6, 8])
     se = math.sqrt(5 / 3)
     assert diff == pytest.approx(4) and high - diff == pytest.approx(diff - low)
-    assert (high - diff) / se == pytest.approx(report.t_quantile(0.975, 50 / 17))
+    assert (high - diff) / se == pytest.approx(stats.t_quantile(0.975, 50 / 17))
     assert 3.1824 < (high - diff) / se < 4.3027
-    assert report.welch_interval([1.0], [2.0, 3.0]) == (pytest.approx(1.5), None, None)  # one seed: no spread
-    assert report.welch_interval([1.0, 1.0], [2.0, 2.0]) == (1.0, 1.0, 1.0)  # no spread at all: the point
+    assert stats.welch_interval([1.0], [2.0, 3.0]) == (pytest.approx(1.5), None, None)  # one seed: no spread
+    assert stats.welch_interval([1.0, 1.0], [2.0, 2.0]) == (1.0, 1.0, 1.0)  # no spread at all: the point
 
 
 def test_holm_by_hand():
     """p = 0.01, 0.04, 0.03, 0.005 (m = 4), sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04,
     the last raised to the 0.06 before it; in the given order 0.03, 0.06, 0.06, 0.02. Capped at 1: 0.5 * 2 = 1."""
-    assert report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert report.holm([0.5, 0.6]) == [1.0, 1.0]
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0]
     # 6 + 6 runs of one machine: the smallest exact p is 2 / C(12, 6) = 2/924, and Holm multiplies the smallest p by
     # the number of comparisons m, so a row can reach 0.05 only if m <= 23 (23 * 2/924 = 0.0498, 24 * 2/924 = 0.052)
-    assert report.holm([2 / 924] * 23)[0] < 0.05 < report.holm([2 / 924] * 24)[0]
+    assert stats.holm([2 / 924] * 23)[0] < 0.05 < stats.holm([2 / 924] * 24)[0]
 
 
 def test_verdict_words_follow_the_rule():
     """helps/hurts by the better way, raises/lowers without one, only below 0.05 after Holm; else the interval
     against the margin: inside +-X (its ends included) is 'no difference larger than X', else undecided."""
-    words = report.verdict_words
+    words = stats.verdict_words
     assert words(+0.01, 0.005, 0.015, 0.01, "higher", 0.005) == "helps"
     assert words(+0.03, 0.02, 0.04, 0.01, "lower", 0.01) == "hurts"  # bits per byte up: worse
     assert words(-0.03, -0.04, -0.02, 0.049, "lower", 0.01) == "helps"
@@ -194,18 +195,18 @@ def test_every_committed_run_has_a_machine():
 
 
 def test_effect_calls_nothing_separated_with_one_run_per_side():
-    assert report.effect([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])[2] is True
-    assert report.effect([0.1, 0.5, 0.3], [0.4, 0.2, 0.6])[2] is False
-    assert report.effect([0.1], [0.9]) == (pytest.approx(0.8), None, None)  # dino_scenes: one seed each
+    assert stats.effect([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])[2] is True
+    assert stats.effect([0.1, 0.5, 0.3], [0.4, 0.2, 0.6])[2] is False
+    assert stats.effect([0.1], [0.9]) == (pytest.approx(0.8), None, None)  # dino_scenes: one seed each
 
 
 def test_spearman_trend():
-    r, p = report.spearman_trend([0, 0, 0, 4, 4, 4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    r, p = stats.spearman_trend([0, 0, 0, 4, 4, 4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     assert r == pytest.approx(math.sqrt(27 / 35))  # ranks 1..6 against two tied groups: r = 0.878
     assert p == pytest.approx(2 / math.comb(6, 3), abs=0.02)  # the two extreme splits of 20
-    r, p = report.spearman_trend([0, 1, 2, 3, 4], [5, 4, 3, 2, 1])
+    r, p = stats.spearman_trend([0, 1, 2, 3, 4], [5, 4, 3, 2, 1])
     assert r == pytest.approx(-1.0) and p < 0.03  # 2 of 120 orderings are as extreme
-    assert report.spearman_trend([0, 1, 2, 3], [1, 3, 2, 4])[0] == pytest.approx(0.8)
+    assert stats.spearman_trend([0, 1, 2, 3], [1, 3, 2, 4])[0] == pytest.approx(0.8)
 
 
 def test_seeds_note():
