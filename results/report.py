@@ -9,10 +9,10 @@ A comparison groups its runs by n_lap (seeds pooled): every metric as mean +- st
 largest n_lap against n_lap = 0 with its standard error and whether the seeds separate, Spearman's trend over every
 n_lap value, the per-head means, and figures against n_lap. The sweep's report does this for each set
 (results/<set>/), writes summary.md, and draws the README's headline figure. It opens summary.md with the verdict:
-every claim of the paper, n_lap = 4 against 0 on the sets VERDICT_SETS names, each with its 95% interval, exact
-permutation p and Holm's correction over the whole table, in words that follow one rule; its figures go to
-results/figures/verdict/. The statistics themselves (means, effects, p-values, intervals, Holm's correction, the
-rule's words) are results/stats.py's.
+every claim of the paper, n_lap = 4 against 0 on the sets VERDICT_SETS names, each with its 95% interval and exact
+permutation p: on the paper's own regime a primary family with Holm's correction over it, on the others exploratory
+rows; in words that follow one rule. Its figures go to results/figures/verdict/. The statistics themselves (means,
+effects, p-values, intervals, Holm's correction, the rule's words) are results/stats.py's.
 """
 
 import fnmatch
@@ -56,23 +56,28 @@ VERDICT_SETS = {"vit_mean": ("six_vit_default", "vit_default"),  # mean pooling,
                 "dino": ("six_dino", "dino_amd")}  # 1.5 epochs
 VIT_SETS = ("vit_mean", "vit_cls", "vit_cls_ls")
 PCA_MAP_SETS = ("dino_scenes",)  # DINO on larger images (8 x 8 patches): its PCA maps are drawn beside the verdict's
-# The paper's claims, each listed once: (the claim, the metrics that measure it, the sets that decide it), where the
-# paper makes it: the ANOVA, NC and ETF in the ViT, linguistic collapse in the LM, the spectrum in the LM and DINO.
-# "Some oversmoothing is beneficial" is no comparison of its own: see oversmoothing_lines
-CLAIMS = [("Laplacian heads raise accuracy", ("val_acc",), VIT_SETS),
-          ("Laplacian heads lower the LM's loss", ("val_bpb",), ("gpt",)),
-          ("Laplacian heads raise DINO's probe accuracy", ("knn_acc", "linear_acc"), ("dino",)),
-          ("the within-sequence share falls", ("within-sequence share",), VIT_SETS),
-          ("the between-class share rises", ("between-class share",), VIT_SETS),
+# The paper's ViT follows DeiT-III (a CLS token, LayerScale 1e-6, long training): vit_cls_ls is its regime here, and the
+# other ViT regimes (mean pooling; CLS without LayerScale, 4 epochs) explore
+PAPER_VIT = "vit_cls_ls"
+OTHER_VITS = ("vit_mean", "vit_cls")
+# The paper's claims, each listed once: (the claim, the metrics that measure it, the regime of the paper's own setting,
+# the other regimes). A metric on the paper's regime is a row of the primary family, which Holm's correction over that
+# family alone decides: at most 21 rows, since 6 + 6 runs allow p = 2/924 and 21 x 2/924 = 0.045 < 0.05. On the other
+# regimes it is an exploratory row. "Some oversmoothing is beneficial" is no comparison of its own: see oversmoothing
+CLAIMS = [("Laplacian heads raise accuracy", ("val_acc",), PAPER_VIT, OTHER_VITS),
+          ("Laplacian heads lower the LM's loss", ("val_bpb",), "gpt", ()),
+          ("Laplacian heads raise DINO's probe accuracy", ("knn_acc", "linear_acc"), "dino", ()),
+          ("the within-sequence share falls", ("within-sequence share",), PAPER_VIT, OTHER_VITS),
+          ("the between-class share rises", ("between-class share",), PAPER_VIT, OTHER_VITS),
           ("within-class ≫ between-class at n_lap 0, about equal with many Laplacian heads",
-           ("within-class / between-class",), VIT_SETS),
+           ("within-class / between-class",), PAPER_VIT, OTHER_VITS),
           ("layerwise within-sequence collapse", ("within-sequence share, last block", "cosine, last block"),
-           VIT_SETS),
-          ("Neural Collapse", ("NC1", "NC2 equinorm", "NC2 equiangular", "NC3", "NC4"), VIT_SETS),
-          ("simplex-ETF geometry", ("ETF vertex distance",), VIT_SETS),
-          ("linguistic collapse", ("within-class share (next token)", "NC1 (next token)"), ("gpt",)),
-          ("faster spectral decay", ("k_0.9", "k_0.99"), ("gpt", "dino")),
-          ("DINO segments objects better", ("seg_miou",), ("dino",))]
+           PAPER_VIT, OTHER_VITS),
+          ("Neural Collapse", ("NC1", "NC2 equinorm", "NC2 equiangular", "NC3", "NC4"), PAPER_VIT, OTHER_VITS),
+          ("simplex-ETF geometry", ("ETF vertex distance",), PAPER_VIT, OTHER_VITS),
+          ("linguistic collapse", ("within-class share (next token)", "NC1 (next token)"), "gpt", ()),
+          ("faster spectral decay", ("k_0.9", "k_0.99"), "gpt", ("dino",)),
+          ("DINO segments objects better", ("seg_miou",), "dino", ())]
 # Per metric: (which way is better, the paper's way, the margin X of "no difference larger than X"). Better None:
 # geometry, which has no better way (its words are "raises" and "lowers"). X a number: absolute; "10%": a tenth of
 # the n_lap 0 mean, for quantities whose scale differs between sets. Why these margins: MARGIN_REASONS
@@ -469,20 +474,25 @@ def by_n_lap(runs):  # [(n_lap, its runs)] for n_lap 0 and 4
     return [(k, [r for r in runs if r["n_lap_label"] == k]) for k in ("0", "4")]
 
 def verdict_rows(collected):
-    """One row per claim, metric and deciding set (CLAIMS on verdict_sets; verdict_row), with Holm's correction over
-    every row of the table and the rule's words (verdict_words)."""
+    """The verdict's rows (verdict_row), one per claim, metric and set of CLAIMS on verdict_sets: the primary family
+    (each claim's metrics on the paper's regime), with Holm's correction over that family alone, and the exploratory
+    rows (the other regimes), with their p uncorrected; each with the rule's words (stats.verdict_words)."""
     chosen = verdict_sets(collected)
-    rows = []
-    for claim, metrics, regimes in CLAIMS:
+    primary, exploratory = [], []
+    for claim, metrics, paper_regime, other_regimes in CLAIMS:
         for metric in metrics:
-            for regime in [g for g in regimes if g in chosen]:
+            for regime in [g for g in (paper_regime, *other_regimes) if g in chosen]:
                 row = verdict_row(metric, collected[chosen[regime]])
                 if row:  # None: a metric the set's analyses lack
-                    rows.append(dict(row, claim=claim, set=chosen[regime]))
-    for row, corrected in zip(rows, stats.holm([row["p"] for row in rows])):
+                    family = primary if regime == paper_regime else exploratory
+                    family.append(dict(row, claim=claim, set=chosen[regime]))
+    for row, corrected in zip(primary, stats.holm([row["p"] for row in primary])):
         row["holm"] = corrected
         row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], corrected, row["better"], row["margin"])
-    return rows
+    for row in exploratory:
+        row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], row["p"], row["better"], row["margin"],
+                                           primary=False)
+    return primary, exploratory
 
 def verdict_row(metric, runs):
     """n_lap 4 against 0 in one metric of a set's runs: the means, the difference with its 95% interval
@@ -507,45 +517,67 @@ def verdict_row(metric, runs):
                 floor=stats.permutation_p(ranks0, ranks1),
                 machines=machine_seeds([(machine, seed) for g in groups for _, machine, seed in g]))
 
-def verdict_lines(rows, sets_line, figures):
-    """summary.md's verdict: the rows' table, how it was computed, the rule, the margins, the oversmoothing claim."""
+def verdict_lines(primary, exploratory, sets_line, figures):
+    """summary.md's verdict: the primary family's table and the exploratory rows' table, how they were computed, the
+    rule, the margins, the oversmoothing claim."""
     lines = ["## Verdict: every claim of the paper, n_lap = 4 against n_lap = 0", "", sets_line, ""]
-    if not rows:
+    if not primary + exploratory:
         return lines + ["None of the verdict's sets is in this results folder."]
-    lines += ["| claim | metric | set | machine (seeds) | n_lap = 0 | n_lap = 4 | 4 − 0 [95% interval] | p | Holm p | "
-              "paper | X | verdict |", "|---" * 12 + "|"]
-    for r in rows:
-        interval = "n/a" if r["low"] is None else f"[{r['low']:+.4g}, {r['high']:+.4g}]"
-        lines.append(f"| {r['claim']} | {r['metric']} | {r['set']} | {r['machines']} | {_ms(r['mean0'])} | "
-                     f"{_ms(r['mean1'])} | {r['diff']:+.4g} {interval} | {r['p']:.3g} | {r['holm']:.3g} | "
-                     f"{r['paper']} | {r['margin']:.4g} | {r['words']} |")
-    m = len(rows)
-    floor = min(r["floor"] for r in rows)
+    m = len(primary)
+    lines += [f"Primary family: one comparison per claim and metric of the paper, each on the set of the paper's own "
+              f"regime ({_set_names(primary)}; the ViT's is DeiT-III's recipe: a CLS token, LayerScale 1e-6, 12 "
+              f"epochs), m = {m} rows, decided by Holm's correction over these {m} alone:", ""]
+    lines += verdict_table(primary, primary=True)
+    lines += ["", f"Exploratory rows: the same claims on the other regimes ({_set_names(exploratory)}), outside the "
+              "primary family: their p is not corrected, and their words name no way:", ""]
+    lines += verdict_table(exploratory, primary=False)
+    floor = min([r["floor"] for r in primary] or [1.0])
     lines += ["", f"4 − 0: the difference of means; its 95% interval by Student's t with Welch's degrees of freedom "
               "(diff ± t · sqrt(s0²/n0 + s1²/n1), the unbiased std s). p: the exact permutation p of the difference, "
               "exchanging n_lap labels only between runs of one machine. Holm p: Holm's step-down correction over "
-              f"all {m} comparisons of this table (the i-th smallest p times {m} − i + 1, never below a smaller p's, at "
-              f"most 1). The smallest p these runs allow is {floor:.3g} (with n0 + n1 runs of one machine 2 / C(n0 + n1, "
-              f"n0): 3 + 3 runs 0.1, 6 + 6 runs 0.0022), so no Holm p here can be below {m} × {floor:.3g} = "
-              f"{min(1.0, m * floor):.3g}.",
-              "", "The rule: 'helps' or 'hurts' (end metrics, by their better way) and 'raises' or 'lowers' (geometry, "
-              "which has no better way) only where the Holm p is below 0.05; 'no difference larger than X' where the "
-              "95% interval lies inside ±X; otherwise 'undecided'. paper: the way the paper finds the metric moving "
-              "with Laplacian heads.", "", "Margins X: " + "; ".join(MARGIN_REASONS) + ".", "",
+              f"the m = {m} rows of the primary family (the i-th smallest p times {m} − i + 1, never below a smaller "
+              f"p's, at most 1). The smallest p the primary rows' runs allow is {floor:.3g} (with n0 + n1 runs of one "
+              f"machine 2 / C(n0 + n1, n0): 3 + 3 runs 0.1, 6 + 6 runs 0.0022), so no Holm p there can be below "
+              f"{m} × {floor:.3g} = {min(1.0, m * floor):.3g}.",
+              "", "The rule: a primary row reads 'helps' or 'hurts' (end metrics, by their better way) or 'raises' or "
+              "'lowers' (geometry, which has no better way) only where its Holm p is below 0.05; an exploratory row "
+              "whose uncorrected p is below 0.05 reads 'differs at uncorrected p=…, exploratory', never 'helps', "
+              "'hurts', 'raises' or 'lowers'; any other row reads 'no difference larger than X' where its 95% "
+              "interval lies inside ±X, otherwise 'undecided'. paper: the way the paper finds the metric moving with "
+              "Laplacian heads.",
+              "", "Margins X: " + "; ".join(MARGIN_REASONS) + ".", "",
               "Metrics: the shares are of the patch tokens' variance at the final norm (ANOVA); 'last block': before "
               "the final norm; NC1-NC4 and the ETF vertex distance are of the features the head reads (the mean of "
               "the patch tokens, or the CLS token); the GPT's are of next-token classes; val_loss is val_bpb × ln 2 "
               "for these character-level runs (one byte per character), so only val_bpb is tested."]
-    lines += oversmoothing_lines(rows)
+    lines += oversmoothing_lines(primary)
     return lines + ["", "Figures: " + ", ".join(figures)]
 
+def verdict_table(rows, primary):
+    """The verdict's rows as a table: the claim, metric, set and machines, the means, the difference with its interval,
+    p (the primary family: and Holm's p), the paper's way, the margin X and the rule's words."""
+    p_header = "p | Holm p" if primary else "p (uncorrected)"
+    words_header = "verdict" if primary else "reading"
+    lines = [f"| claim | metric | set | machine (seeds) | n_lap = 0 | n_lap = 4 | 4 − 0 [95% interval] | {p_header} | "
+             f"paper | X | {words_header} |", "|---" * (12 if primary else 11) + "|"]
+    for r in rows:
+        interval = "n/a" if r["low"] is None else f"[{r['low']:+.4g}, {r['high']:+.4g}]"
+        p = f"{r['p']:.3g} | {r['holm']:.3g}" if primary else f"{r['p']:.3g}"
+        lines.append(f"| {r['claim']} | {r['metric']} | {r['set']} | {r['machines']} | {_ms(r['mean0'])} | "
+                     f"{_ms(r['mean1'])} | {r['diff']:+.4g} {interval} | {p} | {r['paper']} | {r['margin']:.4g} | "
+                     f"{r['words']} |")
+    return lines
+
+def _set_names(rows):  # the sets of the rows, each once, in their order
+    return ", ".join(dict.fromkeys(r["set"] for r in rows))
+
 def oversmoothing_lines(rows):
-    """summary.md: "some oversmoothing is beneficial", read from two rows of a set (no comparison of its own): it holds
-    where the within-sequence share is decided lower and the accuracy decided higher, is contradicted where either
-    is decided the other way, and finds no gain where the share is lower and accuracy bounded."""
+    """summary.md: "some oversmoothing is beneficial", read from two primary rows of a set (no comparison of its own):
+    it holds where the within-sequence share is decided lower and the accuracy decided higher, is contradicted where
+    either is decided the other way, and finds no gain where the share is lower and accuracy bounded."""
     words = {(r["set"], r["metric"]): r["words"] for r in rows}
     sets = [r["set"] for r in rows if r["metric"] == "within-sequence share" and (r["set"], "val_acc") in words]
-    lines = ["", "'Some oversmoothing is beneficial', read from the two rows above of each set (no comparison of its "
+    lines = ["", "'Some oversmoothing is beneficial', read from two rows of the primary family (no comparison of its "
              "own): it holds where the within-sequence share is decided lower and val_acc decided higher; it is "
              "contradicted where either is decided the other way; smoother without a gain where the share is decided "
              "lower and val_acc has no difference larger than X; otherwise undecided.", "",
@@ -713,7 +745,7 @@ def write_report(root, dest, command):
                           label=f"{cfg['epochs']} epochs" if cfg.get("epochs") else name)
     chosen = verdict_sets(collected)
     verdict_figs = verdict_figures(collected, chosen, dest)
-    verdict = verdict_lines(verdict_rows(collected), verdict_sets_line(collected, chosen), verdict_figs)
+    verdict = verdict_lines(*verdict_rows(collected), verdict_sets_line(collected, chosen), verdict_figs)
     intro = (f"`{command}`: end metrics from each run's result.txt, the rest from its "
              "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")
     with common.atomic_write(os.path.join(dest, common.SUMMARY)) as f:

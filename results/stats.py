@@ -107,11 +107,14 @@ def holm(ps):
         corrected[i] = running
     return corrected
 
-def verdict_words(diff, low, high, holm_p, better, margin):
-    """The rule, written once: "helps" or "hurts" (a metric with a better way) and "raises" or "lowers" (geometry)
-    only where the Holm-corrected p is below ALPHA; "no difference larger than X" where the interval lies inside
-    [-X, X]; else "undecided"."""
-    if holm_p < ALPHA:
+def verdict_words(diff, low, high, p, better, margin, primary=True):
+    """The rule, written once. Below ALPHA, p decides: a primary row's p, corrected by Holm over its family, says which
+    way: "helps" or "hurts" (a metric with a better way) and "raises" or "lowers" (geometry); an exploratory row's
+    p, uncorrected, says only "differs at uncorrected p=..., exploratory". Else "no difference larger than X" where
+    the interval lies inside [-X, X]; else "undecided"."""
+    if p < ALPHA and not primary:
+        return f"differs at uncorrected p={p:.3g}, exploratory"
+    if p < ALPHA:
         if better is None:
             return "raises" if diff > 0 else "lowers"
         return "helps" if (diff > 0) == (better == "higher") else "hurts"
