@@ -323,7 +323,8 @@ def compare_summary(comparisons, intro, verdict=()):
                       f"test's smallest two-sided p is 2 / C({n0 + n1}, {n0}) = "
                       f"{min(1, 2 / math.comb(n0 + n1, n0)):.2g}: 'separated' is the most these seeds can show. "
                       "p (within machines): the exact permutation p of the difference, exchanging n_lap labels only "
-                      "between runs of one machine (permutation_p); where a set mixes machines, its floor is higher."]
+                      "between runs of one machine (stats.permutation_p); where a set mixes machines, its floor is "
+                      "higher."]
         if len(groups) > 2:
             lines += trend_lines(groups, keys)
         if any(g["head_means"] for g in groups):  # the n_lap values with per-head numbers
