@@ -1,4 +1,4 @@
-"""results/report.py: the statistics of a comparison against hand-computed answers, comparisons of runs that
+"""results/stats.py and results/report.py: the statistics against hand-computed answers, comparisons of runs that
 analyze.py analysed, the sweep's report from saved artefacts (and that the committed results/summary.md is exactly the
 report of the committed artefacts), the headline figure, and the layering of the whole repository."""
 
@@ -15,6 +15,7 @@ import pytest
 
 import analyze
 import report
+import stats
 from common import UsageError
 from conftest import ROOT, result
 from test_analyze import FRACS, fashion_dir, make_run, run_analyze  # noqa: F401 (fashion_dir: a fixture)
@@ -37,15 +38,203 @@ def test_permutation_p_exchanges_labels_only_within_a_machine():
     """by hand: 3 + 3 separated runs of one machine: 2 of C(6, 3) = 20 labelings are as extreme; the same runs with
     seed 0 on another machine (1 + 1 and 2 + 2): 2 of 2 x C(4, 2) = 12; one machine per seed (1 + 1 each): 2 of 8."""
     v0, v1 = [0.1, 0.2, 0.3], [0.4, 0.5, 0.6]
-    assert report.permutation_p([(v, "A") for v in v0], [(v, "A") for v in v1]) == pytest.approx(2 / 20)
+    assert stats.permutation_p([(v, "A") for v in v0], [(v, "A") for v in v1]) == pytest.approx(2 / 20)
     mixed = ["X", "A", "A"]  # seed 0 on machine X, seeds 1-2 on A
-    assert report.permutation_p(list(zip(v0, mixed)), list(zip(v1, mixed))) == pytest.approx(2 / 12)
-    assert report.permutation_p(list(zip(v0, "XYZ")), list(zip(v1, "XYZ"))) == pytest.approx(2 / 8)
+    assert stats.permutation_p(list(zip(v0, mixed)), list(zip(v1, mixed))) == pytest.approx(2 / 12)
+    assert stats.permutation_p(list(zip(v0, "XYZ")), list(zip(v1, "XYZ"))) == pytest.approx(2 / 8)
     # overlapping groups: the observed |difference| 0.1 of [1, 2, 6] against [3, 4, 5] is reached by 18 of 20 labelings
     ones, twos = [1.0, 2.0, 6.0], [3.0, 4.0, 5.0]
     exact = sum(abs(sum(c) / 3 - (21 - sum(c)) / 3) >= 1 - 1e-9
                 for c in __import__("itertools").combinations(ones + twos, 3)) / 20
-    assert report.permutation_p([(v, "A") for v in ones], [(v, "A") for v in twos]) == pytest.approx(exact)
+    assert stats.permutation_p([(v, "A") for v in ones], [(v, "A") for v in twos]) == pytest.approx(exact)
+
+
+def test_t_quantile_against_closed_forms():
+    """by hand: with 1 degree of freedom t is Cauchy, q = 1/2 + atan(t) / pi, so t_0.975 = tan(0.475 pi) = 12.7062;
+    with 2, q = 1/2 + t / (2 sqrt(2 + t^2)), so t_0.975 = 0.95 / sqrt(2 * 0.975 * 0.025) = 4.3027; with very many,
+    the normal's 1.9600; tables give 2.7764 for 4 and 3.1824 for 3 (the grid's step is 1e-4)."""
+    assert stats.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), abs=2e-4)
+    assert stats.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), abs=2e-4)
+    assert stats.t_quantile(0.975, 4) == pytest.approx(2.7764, abs=2e-4)
+    assert stats.t_quantile(0.975, 3) == pytest.approx(3.1824, abs=2e-4)
+    assert stats.t_quantile(0.975, 1e6) == pytest.approx(1.9600, abs=2e-4)
+
+
+def test_welch_interval_by_hand():
+    """[0, 1, 2] against [3, 4, 5]: difference 3, both variances 1, se = sqrt(1/3 + 1/3) = 0.8165, Welch's df =
+    (2/3)^2 / ((1/3)^2 / 2 + (1/3)^2 / 2) = 4, so 3 -+ 2.7764 * 0.8165 = [0.7331, 5.2669]. [1, 2, 3] against [4, 6, 8]:
+    variances 1 and 4, se^2 = 1/3 + 4/3 = 5/3, df = (5/3)^2 / ((1/3)^2 / 2 + (4/3)^2 / 2) = 50/17 = 2.94 (between the
+    tables' 2 and 3: t between 3.1824 and 4.3027)."""
+    diff, low, high = stats.welch_interval([0, 1, 2], [3, 4, 5])
+    assert (diff, low, high) == (pytest.approx(3), pytest.approx(0.7331, abs=3e-4), pytest.approx(5.2669, abs=3e-4))
+    diff, low, high = stats.welch_interval([1, 2, 3], [4, 6, 8])
+    se = math.sqrt(5 / 3)
+    assert diff == pytest.approx(4) and high - diff == pytest.approx(diff - low)
+    assert (high - diff) / se == pytest.approx(stats.t_quantile(0.975, 50 / 17))
+    assert 3.1824 < (high - diff) / se < 4.3027
+    assert stats.welch_interval([1.0], [2.0, 3.0]) == (pytest.approx(1.5), None, None)  # one seed: no spread
+    assert stats.welch_interval([1.0, 1.0], [2.0, 2.0]) == (1.0, 1.0, 1.0)  # no spread at all: the point
+
+
+def test_holm_by_hand():
+    """p = 0.01, 0.04, 0.03, 0.005 (m = 4), sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04,
+    the last raised to the 0.06 before it; in the given order 0.03, 0.06, 0.06, 0.02. Capped at 1: 0.5 * 2 = 1."""
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0]
+    # 6 + 6 runs of one machine: the smallest exact p is 2 / C(12, 6) = 2/924, and Holm multiplies the smallest p by
+    # the number of comparisons m: a family of 21 such rows gives each 21 * 2/924 = 0.0455 (so the primary family
+    # keeps at most 21 rows); the 46 rows of the whole table would give 46 * 2/924 = 0.0996
+    assert stats.holm([2 / 924] * 21) == pytest.approx([21 * 2 / 924] * 21) and 21 * 2 / 924 < 0.05
+    assert stats.holm([2 / 924] * 46)[0] == pytest.approx(0.0996, abs=1e-4)
+
+
+def test_verdict_words_follow_the_rule():
+    """A primary row: helps/hurts by the better way, raises/lowers without one, only below 0.05 after Holm; an
+    exploratory row below 0.05 uncorrected: 'differs at uncorrected p=..., exploratory', never a way; else the
+    interval against the margin: inside +-X (its ends included) is 'no difference larger than X', else undecided."""
+    words = stats.verdict_words
+    assert words(+0.01, 0.005, 0.015, 0.01, "higher", 0.005) == "helps"
+    assert words(+0.03, 0.02, 0.04, 0.01, "lower", 0.01) == "hurts"  # bits per byte up: worse
+    assert words(-0.03, -0.04, -0.02, 0.049, "lower", 0.01) == "helps"
+    assert words(-0.1, -0.12, -0.08, 0.01, None, 0.02) == "lowers"
+    assert words(+0.1, 0.08, 0.12, 0.01, None, 0.02) == "raises"
+    assert words(+0.001, -0.003, 0.005, 0.2, "higher", 0.005) == "no difference larger than 0.005"
+    assert words(+0.002, -0.001, 0.006, 0.2, "higher", 0.005) == "undecided"  # reaches past X
+    assert words(+0.01, 0.005, 0.015, 0.05, "higher", 0.005) == "undecided"  # 0.05 is not below 0.05
+    assert words(+0.01, None, None, 0.5, "higher", 0.5) == "undecided"  # one seed: no interval
+    # exploratory rows: the same numbers name no way
+    assert words(+0.1, 0.08, 0.12, 0.01, None, 0.02, primary=False) == "differs at uncorrected p=0.01, exploratory"
+    assert words(+0.001, -0.003, 0.005, 0.2, "higher", 0.005, primary=False) == "no difference larger than 0.005"
+    assert words(+0.002, -0.001, 0.006, 0.2, "higher", 0.005, primary=False) == "undecided"
+    assert words(+0.01, 0.005, 0.015, 0.05, "higher", 0.005, primary=False) == "undecided"
+
+
+def test_a_separated_primary_row_is_decided_and_the_same_p_exploratory_is_not():
+    """By hand: 6 + 6 seeds of one machine, every n_lap 4 value above every n_lap 0 value: p = 2 / C(12, 6) = 2/924 =
+    0.00216. In a primary family of 20 such rows Holm gives each 20 * 2/924 = 0.0433 < 0.05: 'helps'. The same row
+    outside the family keeps its uncorrected p: 'differs at uncorrected p=0.00216, exploratory'. Its interval:
+    0.80-0.85 against 0.90-0.95 in steps of 0.01, both variances 3.5e-4, se = sqrt(7e-4 / 6), Welch's df = 10,
+    t_0.975 = 2.2281."""
+    v0 = [0.80 + s / 100 for s in range(6)]
+    v1 = [0.90 + s / 100 for s in range(6)]
+    p = stats.permutation_p([(v, "A") for v in v0], [(v, "A") for v in v1])
+    assert p == pytest.approx(2 / 924)
+    diff, low, high = stats.welch_interval(v0, v1)
+    half = 2.2281 * math.sqrt(7e-4 / 6)
+    assert (diff, low, high) == (pytest.approx(0.1), pytest.approx(0.1 - half, abs=2e-5),
+                                 pytest.approx(0.1 + half, abs=2e-5))
+    corrected = stats.holm([p] * 20)[0]
+    assert corrected == pytest.approx(20 * 2 / 924) and corrected < 0.05
+    assert stats.verdict_words(diff, low, high, corrected, "higher", 0.005) == "helps"
+    assert stats.verdict_words(diff, low, high, p, "higher", 0.005, primary=False) == (
+        "differs at uncorrected p=0.00216, exploratory")
+    assert stats.verdict_words(diff, low, high, stats.holm([p] * 24)[0], "higher", 0.005) == "undecided"  # 0.052
+
+
+def test_the_primary_family_is_one_row_per_claim_and_metric_on_the_papers_regime():
+    """The primary family: each claim's metrics on one regime of VERDICT_SETS, at most 21 of them (so that 6 + 6 seeds
+    can decide a row after Holm); ViT claims on the paper's regime (CLS token + LayerScale), every other regime's
+    rows exploratory."""
+    primary = [(metric, paper) for _, metrics, paper, _ in report.CLAIMS for metric in metrics]
+    assert len(primary) == len(set(primary)) == 20 and len(primary) * 2 / 924 < 0.05
+    for _, metrics, paper, others in report.CLAIMS:
+        assert paper in report.VERDICT_SETS and paper not in others and set(others) <= set(report.VERDICT_SETS)
+        assert all(metric in report.VERDICT_METRICS for metric in metrics)
+        if "val_acc" in metrics or "NC1" in metrics:
+            assert (paper, report.VERDICT_SETS[paper][0]) == ("vit_cls_ls", "six_vit_cls_ls12")
+
+
+def test_verdict_rows_from_run_folders(tmp_path):
+    """The verdict on fake ViT runs: vit_cls_ls12 (3 + 3 seeds) stands in until six_vit_cls_ls12 is there (6 + 6 seeds,
+    one machine), the paper's regime, whose rows are the primary family; six_vit_default's (mean pooling) are
+    exploratory. By hand, for six_vit_cls_ls12: val_acc 0.80-0.85 against 0.90-0.95 (steps of 0.01): +0.1,
+    separated, p = 2/924; of the 7 primary rows (val_acc, the within-sequence share, the between-class share and
+    their ratio, the share and cosine after the last block, NC1: fake_run has no other NC and no ETF), four are
+    separated (val_acc, the two shares, the last block's share), so Holm gives the first 7 * 2/924 = 0.01515 and the
+    others no less: helps, lowers, raises, lowers. The ratio and cosine are the same at every seed: a point at 0,
+    inside their margins. six_vit_default's rows, the same numbers, keep p uncorrected and name no way."""
+    def make(set_name, seeds):
+        for s in seeds:
+            fake_run(tmp_path, "vit", 0, s, dict(val_acc=0.80 + s / 100), 0.30 + s / 100, set_name=set_name)
+            fake_run(tmp_path, "vit", 4, s, dict(val_acc=0.90 + s / 100), 0.20 + s / 100, set_name=set_name)
+    make("vit_cls_ls12", range(3))
+    primary, exploratory = report.verdict_rows(report.collect_runs(str(tmp_path)))
+    acc = primary[0]
+    assert exploratory == [] and len(primary) == 7
+    assert (acc["metric"], acc["set"], acc["p"], acc["floor"]) == ("val_acc", "vit_cls_ls12", pytest.approx(0.1), 0.1)
+    # 0.80-0.82 against 0.90-0.92: +0.1, both variances 1e-4, se = sqrt(2e-4 / 3), df 4
+    assert (acc["low"], acc["high"]) == (pytest.approx(0.1 - 2.7764 * math.sqrt(2e-4 / 3), abs=1e-5),
+                                         pytest.approx(0.1 + 2.7764 * math.sqrt(2e-4 / 3), abs=1e-5))
+    assert acc["holm"] == pytest.approx(0.7) and acc["words"] == "undecided"  # 7 * 0.1
+    make("six_vit_cls_ls12", range(6))
+    make("six_vit_default", range(6))
+    primary, exploratory = report.verdict_rows(report.collect_runs(str(tmp_path)))
+    rows = {r["metric"]: r for r in primary}
+    assert list(rows) == ["val_acc", "within-sequence share", "between-class share", "within-class / between-class",
+                          "within-sequence share, last block", "cosine, last block", "NC1"]
+    assert {r["set"] for r in primary} == {"six_vit_cls_ls12"} and rows["val_acc"]["machines"] == (
+        "unrecorded (seeds 0, 1, 2, 3, 4, 5)")
+    assert rows["val_acc"]["p"] == pytest.approx(2 / 924) and rows["val_acc"]["holm"] == pytest.approx(7 * 2 / 924)
+    assert [rows[k]["words"] for k in ("val_acc", "within-sequence share", "between-class share",
+                                       "within-sequence share, last block")] == ["helps", "lowers", "raises", "lowers"]
+    assert rows["within-class / between-class"]["words"] == "no difference larger than 0.03333"  # 10% of 1/3
+    assert rows["cosine, last block"]["words"] == "no difference larger than 0.02"
+    # NC1 is 1 + seed against 5 + seed: of the 924 labelings of 1-6 and 5-10, those whose six reach a sum of 45 or
+    # more (10, 9, 8, 7 and a 6 and a 5: 4 ways; and 6, 6: 1) or 21 or less (the mirror: 5) reach |+4|: p = 10/924;
+    # fifth smallest of 7, Holm's step-down multiplies it by 7 - 4 = 3: 0.0325, below 0.05
+    assert rows["NC1"]["p"] == pytest.approx(10 / 924) and rows["NC1"]["holm"] == pytest.approx(3 * 10 / 924)
+    assert rows["NC1"]["words"] == "raises"
+    # the same runs as exploratory rows (vit_mean): the same p, uncorrected, and no way named
+    explored = {r["metric"]: r for r in exploratory}
+    assert list(explored) == list(rows) and {r["set"] for r in exploratory} == {"six_vit_default"}
+    assert "holm" not in explored["val_acc"] and explored["val_acc"]["p"] == rows["val_acc"]["p"]
+    assert explored["val_acc"]["words"] == "differs at uncorrected p=0.00216, exploratory"
+    assert explored["NC1"]["words"] == "differs at uncorrected p=0.0108, exploratory"
+    assert explored["cosine, last block"]["words"] == "no difference larger than 0.02"
+    lines = report.verdict_lines(primary, exploratory, "sets", [])
+    assert "m = 7 rows, decided by Holm's correction over these 7 alone:" in lines[4]
+    assert sum(line.startswith("| claim |") for line in lines) == 2
+    assert "| p | Holm p |" in lines[6] and "| p (uncorrected) |" in lines[6 + 2 + 7 + 3]
+    assert "| six_vit_cls_ls12 | lowers | helps | holds |" in report.oversmoothing_lines(primary)
+    assert "six_vit_default" not in "".join(report.oversmoothing_lines(primary))
+    cases = {("lowers", "helps"): "holds", ("raises", "helps"): "contradicted", ("undecided", "hurts"): "contradicted",
+             ("lowers", "no difference larger than 0.005"): "smoother without a gain", ("lowers", "undecided"): "undecided"}
+    for (share, acc), verdict in cases.items():
+        two = [dict(set="s", metric="within-sequence share", words=share), dict(set="s", metric="val_acc", words=acc)]
+        assert report.oversmoothing_lines(two)[-1] == f"| s | {share} | {acc} | {verdict} |"
+
+
+def test_verdict_maps_show_the_same_images():
+    """The side-by-side DINO PCA maps are one seed's n_lap 0 and 4 figures: analyze.py draws the same images in both,
+    so the images' panels (the figure's upper part, under the title) are the same pixels; the title and the maps
+    below differ."""
+    from matplotlib.image import imread
+    collected = report.collect_runs(os.path.join(ROOT, "results"))
+    chosen = report.verdict_sets(collected)
+    for name in [chosen["dino"], *report.PCA_MAP_SETS]:
+        a, b = (imread(path) for path in report.run_pair(collected[name], "pca_maps.png"))
+        height = a.shape[0]
+        same = (a == b).all(axis=(1, 2))
+        assert a.shape == b.shape and same[int(0.15 * height):int(0.5 * height)].all(), name
+        assert not same.all()
+
+
+def test_run_pair_and_stack(tmp_path):
+    """A per-run figure of one seed's n_lap 0 and 4 runs (the lowest seed with both), one above the other pixel for
+    pixel; no pair, no figure."""
+    from matplotlib.image import imread, imsave
+    runs = []
+    for n_lap, seed, level in ((0, 1, 10), (4, 1, 200), (0, 2, 50), (4, 0, 90)):  # seed 1 alone has both
+        folder = tmp_path / f"k{n_lap}-s{seed}"
+        folder.mkdir()
+        imsave(folder / "pca.png", np.full((3, 5, 3), level, dtype=np.uint8))
+        runs.append(dict(run=str(folder), n_lap_label=str(n_lap), seed=seed))
+    pair = report.run_pair(runs, "pca.png")
+    assert pair == [str(tmp_path / "k0-s1" / "pca.png"), str(tmp_path / "k4-s1" / "pca.png")]
+    report.fig_stack(pair, str(tmp_path / "stacked.png"))
+    stacked = (imread(tmp_path / "stacked.png")[..., :3] * 255).round()
+    assert stacked.shape == (6, 5, 3) and (stacked[:3] == 10).all() and (stacked[3:] == 200).all()
+    assert report.run_pair(runs, "etf.png") is None
 
 
 def test_recorded_machine_reads_the_results_folders_record():
@@ -64,18 +253,18 @@ def test_every_committed_run_has_a_machine():
 
 
 def test_effect_calls_nothing_separated_with_one_run_per_side():
-    assert report.effect([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])[2] is True
-    assert report.effect([0.1, 0.5, 0.3], [0.4, 0.2, 0.6])[2] is False
-    assert report.effect([0.1], [0.9]) == (pytest.approx(0.8), None, None)  # dino_scenes: one seed each
+    assert stats.effect([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])[2] is True
+    assert stats.effect([0.1, 0.5, 0.3], [0.4, 0.2, 0.6])[2] is False
+    assert stats.effect([0.1], [0.9]) == (pytest.approx(0.8), None, None)  # dino_scenes: one seed each
 
 
 def test_spearman_trend():
-    r, p = report.spearman_trend([0, 0, 0, 4, 4, 4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    r, p = stats.spearman_trend([0, 0, 0, 4, 4, 4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     assert r == pytest.approx(math.sqrt(27 / 35))  # ranks 1..6 against two tied groups: r = 0.878
     assert p == pytest.approx(2 / math.comb(6, 3), abs=0.02)  # the two extreme splits of 20
-    r, p = report.spearman_trend([0, 1, 2, 3, 4], [5, 4, 3, 2, 1])
+    r, p = stats.spearman_trend([0, 1, 2, 3, 4], [5, 4, 3, 2, 1])
     assert r == pytest.approx(-1.0) and p < 0.03  # 2 of 120 orderings are as extreme
-    assert report.spearman_trend([0, 1, 2, 3], [1, 3, 2, 4])[0] == pytest.approx(0.8)
+    assert stats.spearman_trend([0, 1, 2, 3], [1, 3, 2, 4])[0] == pytest.approx(0.8)
 
 
 def test_seeds_note():
@@ -215,6 +404,7 @@ def test_report_from_saved_artefacts(tmp_path):
     assert "| 4 | laplacian | -0.1500 ± 0.0707 | -0.4000 ± 0.1414 |" in deep_md and "| 0 | attention |" not in deep_md
     assert "Per-head analysis" not in vit_md
     assert f"`python results/report.py --results={root}`: end metrics" in md  # the command that made it
+    assert "None of the verdict's sets is in this results folder." in md and not (root / "figures" / "verdict").exists()
     # no runs, no folder, a folder without an analysis to compare: one-line errors
     (tmp_path / "empty").mkdir()
     p = subprocess.run([sys.executable, SCRIPT, "--results=empty"], cwd=tmp_path, capture_output=True, text=True,
@@ -229,14 +419,23 @@ def test_report_from_saved_artefacts(tmp_path):
 
 @pytest.mark.slow  # half a minute: every figure of the committed sets
 def test_committed_summary_is_the_report_of_the_committed_artefacts(tmp_path):
-    """results/summary.md, where RESULTS.md's tables come from, is exactly what the report makes of the committed run
-    folders: an artefact added or changed without regenerating the report fails here."""
+    """results/summary.md, where RESULTS.md's tables come from, and every figure of results/figures/ are exactly what
+    the report makes of the committed run folders, byte for byte (with the matplotlib that drew the committed
+    figures: another version may place a pixel differently): an artefact added or changed without regenerating
+    the report fails here."""
     p = subprocess.run([sys.executable, SCRIPT, f"--out={tmp_path}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     with open(os.path.join(ROOT, "results", "summary.md")) as f:
         committed = f.read()
     assert (tmp_path / "summary.md").read_text() == committed
+    results = os.path.join(ROOT, "results")
+    drawn = sorted(os.path.relpath(f, tmp_path) for f in glob.glob(f"{tmp_path}/figures/**/*.png", recursive=True))
+    kept = sorted(os.path.relpath(f, results) for f in glob.glob(f"{results}/figures/**/*.png", recursive=True))
+    assert drawn == kept
+    for f in drawn:
+        with open(os.path.join(results, f), "rb") as png:
+            assert (tmp_path / f).read_bytes() == png.read(), f
 
 
 def test_headline_figure(tmp_path, figure_texts):
