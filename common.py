@@ -1,7 +1,5 @@
-"""The run plumbing every nanolap script shares (nanochat keeps the same in nanochat/common.py), in five sections:
-options; devices, dtype and processes; seeds and schedules; checkpoints and run folders; logs, errors and RESULT.
-The model itself is in nanolap.py; this file imports it only to build a model from options or a checkpoint.
-"""
+"""The run plumbing every nanolap script shares, as nanochat keeps it in nanochat/common.py: options; devices, dtype
+and processes; seeds and schedules; checkpoints and run folders; logs, errors and the RESULT line."""
 
 import ast
 import difflib
@@ -31,11 +29,11 @@ class UsageError(ValueError):
 
 
 # ---- options: plain commented globals of a script, --key=value overrides and config files, never code
-# the type of a model option whose default is None (the preset's value): its Config field's; n_kv_head: an int or None
 MODEL_TYPES = {f.name: f.default for f in fields(Config) if f.default is not None} | {"n_kv_head": 1}
 
 def _typed(key, value, default):
-    """value (text of --key=value, or a config file's literal) as an option of the default's type."""
+    """value (text of --key=value, or a config file's literal) as an option of the default's type; a model option
+    whose default is None (the preset's value) has its Config field's type (MODEL_TYPES; n_kv_head: an int or None)."""
     kind = MODEL_TYPES.get(key) if default is None else default
     if isinstance(value, str) and not isinstance(kind, str):
         with suppress(ValueError, SyntaxError):  # a bare word stays a string: --dataset=cifar10
@@ -112,9 +110,8 @@ def configure(namespace, argv=None, schedule=()):
     return config, ckpt
 
 def declared_options(namespace):
-    """{option: its comment}, in the script's order: the top-level `name = value  # comment` lines of the script's file
-    whose name is lower-case and whose value is a literal (None, bool, int, float, str, list). Any other global, a
-    constant, an import or a line without a comment, never becomes an option by accident."""
+    """{option: its comment}: the script's top-level `name = value  # comment` lines with a lower-case name and a literal
+    value, in order. Any other global (a constant, an import, a line without a comment) never becomes an option."""
     lines = re.findall(r"^([a-z]\w*) = .*?  # (.*)$", open(namespace["__file__"]).read(), re.M)
     literal = (type(None), bool, int, float, str, list)
     return {k: why for k, why in lines if k.islower() and isinstance(namespace.get(k, ()), literal)}
@@ -155,7 +152,7 @@ def check_resume(ckpt, kind, model_config):
                          "or use a new --out_dir")
 
 def finished_run(out_dir, step, total, option):
-    """--resume of a run at the end of its schedule: nothing to train, its files stay as they are. Exits with status 0."""
+    """--resume of a run at the end of its schedule: nothing to train, its files stay as they are; exits."""
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train. To train longer, "
               f"start a new --out_dir with a longer --{option} (continuing would raise a cooled-down learning rate again)")
@@ -173,9 +170,8 @@ def resolve_device(device):
     return device
 
 def start_processes(out_dir, resume, cpu_procs, device, oom_advice=""):
-    """A training run's start, alike in every script: on a CPU with cpu_procs > 1, `python train_*.py` runs itself again
-    under torchrun; the first process prepares out_dir before the others meet (a bad one fails once); each joins the
-    process group. oom_advice follows an out-of-memory traceback. Returns (rank, local_rank, world, device)."""
+    """A run's start in every script: on a CPU with cpu_procs > 1, `python train_*.py` runs itself again under torchrun;
+    the first process prepares out_dir before the group meets; oom_advice follows an out-of-memory traceback."""
     device = resolve_device(device)
     if cpu_procs > 1 and device == "cpu" and "RANK" not in os.environ:
         run_under_torchrun(cpu_procs)
@@ -188,29 +184,26 @@ def start_processes(out_dir, resume, cpu_procs, device, oom_advice=""):
     return rank, local_rank, world, device
 
 def run_under_torchrun(nprocs):
-    """This command again in nprocs single-threaded processes, started by PyTorch's torchrun as `OMP_NUM_THREADS=1
-    torchrun --standalone --nproc_per_node=nprocs` would; exits with their status (their own lines say what failed)."""
+    """This command again in nprocs single-threaded processes: `OMP_NUM_THREADS=1 torchrun --standalone
+    --nproc_per_node=nprocs`, PyTorch's own launcher; exits with their status (their own lines say what failed)."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    os.environ.update(OMP_NUM_THREADS="1", **gloo_environment(os.name, torch.__version__))
+    os.environ.update(OMP_NUM_THREADS="1", **gloo_environment())
     logging.disable(logging.ERROR)  # torchrun's own reports: the processes say what failed
     try:
         torchrun.run(torchrun.parse_args(["--standalone", f"--nproc_per_node={nprocs}", *sys.argv]))
-    except ChildFailedError:
+    except (ChildFailedError, SignalException):  # a failed process, or Ctrl-C: the first process has said why
         sys.exit(1)
-    except SignalException:  # Ctrl-C: the first process has said what was saved
-        sys.exit(130)
     except Exception as e:  # no rendezvous: a blocked port, a missing network library
         raise UsageError(f"the {nprocs} CPU processes cannot start here ({str(e).strip().splitlines()[0]}); train in one "
                          f"process with --cpu_procs=1 (raise batch_size {nprocs} times to keep the global batch)") from None
     sys.exit(0)
 
-def gloo_environment(os_name, torch_version):
-    """The environment a CPU process group needs. PyTorch 2.4 and later ask their TCPStore for libuv, which its Windows
-    builds lack ("use_libuv was requested but PyTorch was build without libuv support", pytorch #139990)."""
-    version = tuple(int(part) for part in re.findall(r"\d+", torch_version)[:2])
-    return {"USE_LIBUV": "0"} if os_name == "nt" and version >= (2, 4) else {}
+def gloo_environment():
+    """A CPU process group's environment: PyTorch's TCPStore asks for libuv, which its Windows builds lack ("use_libuv
+    was requested but PyTorch was build without libuv support", pytorch #139990)."""
+    return {"USE_LIBUV": "0"} if os.name == "nt" else {}
 
 def setup_distributed(device="auto"):
     """Under torchrun: GPU LOCAL_RANK (nccl) or CPU (gloo) per process; returns (rank, local_rank, world, device)."""
@@ -224,7 +217,7 @@ def setup_distributed(device="auto"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     else:
-        os.environ.update(gloo_environment(os.name, torch.__version__))
+        os.environ.update(gloo_environment())
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return rank, local_rank, world, device
 
@@ -277,9 +270,8 @@ def check_compile(compile_model, device):
                          "cannot drive this GPU); run without --compile_model, or install Triton (pip install "
                          "triton; on Windows pip install triton-windows)")
 
-# Dense float16 and bfloat16 tensor-core peaks, FLOP/s, for MFU: NVIDIA's datasheets (sparse figures halved) and for
-# GeForce cards the whitepapers' "FP16 Tensor TFLOPS with FP32 Accumulate". Keys match whole chip names as peak_flops
-# spells them; an H100 PCIe is no H100 SXM, an A10G no A10, and a MIG slice or a laptop GPU gets no MFU.
+# Dense float16/bfloat16 tensor-core FLOP/s for MFU (NVIDIA's datasheets, sparse figures halved; GeForce: "FP16 Tensor
+# TFLOPS with FP32 Accumulate"), keyed by whole chip names: an A10G is no A10; a MIG slice or a laptop GPU gets no MFU.
 GPU_PEAK_FLOPS = {
     r"H100( SXM5?)?": 989e12, r"H100 PCIE": 756e12, r"H100 NVL": 835e12, r"H200( SXM)?": 989e12, r"H200 NVL": 835e12,
     r"GH200": 989e12, r"A100( SXM4?| PCIE)?": 312e12, r"A10": 125e12, r"L4": 121e12, r"L40S": 362e12, r"L40": 181e12,
@@ -289,8 +281,7 @@ GPU_PEAK_FLOPS = {
 NO_BFLOAT16_TENSOR_CORES = r"T4|V100( .*)?"  # the table's GPUs before Ampere: bfloat16 is emulated there
 
 def peak_flops(device, name=None, dtype=torch.float16):
-    """Dense peak FLOP/s of a CUDA device (or of a GPU called `name`) in dtype; None for a CPU, an unknown GPU,
-    float32 (no TF32 peaks in the table) and bfloat16 on a GPU without bfloat16 tensor cores."""
+    """Dense peak FLOP/s of a CUDA device (or a GPU called `name`) in dtype; None for a CPU, an unknown GPU, float32."""
     if name is None and not str(device).startswith("cuda") or dtype == torch.float32:
         return None
     words = re.split(r"[\s_-]+", (name or torch.cuda.get_device_name(device)).strip().upper())
@@ -300,8 +291,7 @@ def peak_flops(device, name=None, dtype=torch.float16):
     return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, chip)), None)
 
 def machine_name(device):
-    """What a run trains on, one word for its RESULT line and log (floats differ between machines): the GPU's name, or
-    the CPU's model name and the vector instructions torch's kernels use."""
+    """One word for the RESULT line (floats differ by machine): the GPU, or the CPU and the vector kernels torch uses."""
     if str(device).startswith("cuda"):
         name = torch.cuda.get_device_name(device)
     else:
@@ -386,10 +376,9 @@ def load_checkpoint(path, context="", map_location="cpu"):
     except Exception as e:
         if "Unsupported global" in str(e):
             raise UsageError(f"{context}{path} holds Python objects, which could run code: it is not loaded") from None
-        lines = [line.strip() for line in str(e).split("WeightsUnpickler error:")[-1].splitlines() if line.strip()]
-        fix = "restore it, or start afresh without --resume" if context.startswith("--resume") else "restore it"
-        raise UsageError(f"{context}{path} cannot be read ({(lines or [type(e).__name__])[0].split('. ')[0][:100]}): "
-                         f"the file is damaged or truncated (an interrupted copy?); {fix}") from None
+        reason = str(e).split("WeightsUnpickler error:")[-1].strip().split("\n")[0].split(". ")[0][:100] or type(e).__name__
+        raise UsageError(f"{context}{path} cannot be read ({reason}): the file is damaged or truncated (an interrupted "
+                         f"copy?); restore it" + (", or start afresh without --resume" if context.startswith("--resume") else "")) from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"{context}{path} is not a nanolap checkpoint (a dict of tensors and plain data)")
     return ckpt
@@ -427,8 +416,7 @@ def append_jsonl(path, record):
         f.write(json.dumps(record) + "\n")
 
 def write_result(out_dir, **values):
-    """Print the run's last line `RESULT key=value ...` (floats: 4 decimals, lists: no spaces), kept in result.txt.
-    Training scripts write the shared keys n_lap params seed dataset steps seconds first, then their own metrics."""
+    """Print the run's last line `RESULT key=value ...` (floats: 4 decimals, lists: no spaces), kept in result.txt."""
     line = "RESULT " + " ".join(f"{k}={_result_value(v)}" for k, v in values.items())
     print(line + "\n", end="", flush=True)
     with open(os.path.join(out_dir, RESULT), "w") as f:
@@ -442,8 +430,7 @@ def _result_value(v):
     return str(v)
 
 def parse_result(text):
-    """The key=value pairs (strings, in order) of the last RESULT line in text, {} without one (found anywhere in a
-    line: another process may write between a line and its newline)."""
+    """The key=value pairs (strings, in order) of the last RESULT line anywhere in text; {} without one."""
     lines = re.findall(r"RESULT (\S.*)", text)
     return dict(word.split("=", 1) for word in lines[-1].split() if "=" in word) if lines else {}
 
@@ -463,9 +450,8 @@ def format_time(seconds):
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 def report_error(kind, error, tb, out_dir=None, aside=None, oom_advice=""):
-    """The scripts' sys.excepthook. Bad input (UsageError, an unreadable file), a non-finite loss and Ctrl-C end in one
-    line from the first process, saying what was saved where; an error in the code keeps its traceback, and running out
-    of memory adds a line of advice after it."""
+    """The scripts' sys.excepthook: bad input, a non-finite loss and Ctrl-C end in one line from the first process that
+    says what was saved where; an error in the code keeps its traceback, out of memory adds advice after it."""
     if issubclass(kind, KeyboardInterrupt):
         message = "interrupted" + (f"; {saved(out_dir, aside)}" if out_dir else "")
     elif issubclass(kind, (UsageError, OSError, FloatingPointError)):

@@ -59,8 +59,8 @@ def knn_eval(backbone, eval_sets, mean, std, num_classes, k, temp, device, ctx=n
     """k-NN accuracy of the backbone's CLS features on eval_sets ((x, y) train, (x, y) val); None = raw pixels."""
     (xt, yt), (xv, yv) = eval_sets
     kind = "pixels" if backbone is None else "cls"
-    ft, fv = (extract_features(backbone, x, mean, std, device, kind=kind, ctx=ctx) for x in (xt, xv))
-    return knn_accuracy(ft, yt, fv, yv, num_classes, k=k, temp=temp)
+    ft, fv = (extract_features(backbone, x, mean, std, device=device, kind=kind, ctx=ctx) for x in (xt, xv))
+    return knn_accuracy(ft, yt, fv, yv, num_classes=num_classes, k=k, temp=temp)
 
 def train_linear(feats, labels, num_classes, steps, seed, batch_size=256, lr=3e-3, ignore_index=-100):
     """A linear layer on standardised frozen features: zero init, `steps` AdamW steps, cosine lr, cross-entropy.
@@ -125,7 +125,7 @@ def evaluate_final(backbone, eval_sets, seg_sets, mean, std, num_classes, linear
     (xt, yt), (xv, yv) = eval_sets
     blocks = min(linear_blocks, backbone.config.n_layer)
     for key, model, kind in (("linear_acc", backbone, "cls"), ("linear_acc_pixels", None, "pixels")):
-        ft, fv = (extract_features(model, x, mean, std, device, kind=kind, blocks=blocks, ctx=ctx) for x in (xt, xv))
+        ft, fv = (extract_features(model, x, mean, std, device=device, kind=kind, blocks=blocks, ctx=ctx) for x in (xt, xv))
         predictor = train_linear(ft, yt, num_classes, steps=probe_steps, seed=seed)
         res[key] = (predictor(fv).argmax(1) == yv).float().mean().item()
     print0(f"linear probe (CLS of the last {blocks} blocks, {len(xt)} train / {len(xv)} val images): "
@@ -134,10 +134,10 @@ def evaluate_final(backbone, eval_sets, seg_sets, mean, std, num_classes, linear
         t0 = time.time()
         (st, mt, classes), (sv, mv, _) = seg_sets
         patch = backbone.config.patch_size
-        ft, fv = (extract_features(backbone, x, mean, std, device, kind="patch", ctx=ctx) for x in (st, sv))
-        res["seg_miou"] = segmentation_miou(ft, mt, fv, mv, len(classes), steps=probe_steps, seed=seed)
+        ft, fv = (extract_features(backbone, x, mean, std, device=device, kind="patch", ctx=ctx) for x in (st, sv))
+        res["seg_miou"] = segmentation_miou(ft, mt, fv, mv, num_classes=len(classes), steps=probe_steps, seed=seed)
         pt, pv = (pixel_patches(x, mean, std, patch) for x in (st, sv))  # the baseline: raw pixels per patch
-        res["seg_miou_pixels"] = segmentation_miou(pt, mt, pv, mv, len(classes), steps=probe_steps, seed=seed)
+        res["seg_miou_pixels"] = segmentation_miou(pt, mt, pv, mv, num_classes=len(classes), steps=probe_steps, seed=seed)
         print0(f"segmentation probe ({len(classes)} classes, {len(st)} train / {len(sv)} val images of {st.shape[-1]}px): "
                f"mIoU {res['seg_miou']:.4f} (raw pixels {res['seg_miou_pixels']:.4f}) | {time.time() - t0:.1f}s")
     return res

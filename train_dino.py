@@ -200,7 +200,7 @@ def epoch_batches(x_train, subset, n, batch_size, step, seed, rank, world, num_w
     """This process's uint8 image batches from `step` to the end of its epoch: indexed from a tensor, or
     decoded by DataLoader workers from an ImageFolder. subset: the train_subset images (None = all)."""
     last = (step // (n // batch_size) + 1) * (n // batch_size)
-    idx = (batch_indices(n, batch_size, s, seed, rank, world) for s in range(step, last))
+    idx = (batch_indices(n, batch_size, s, seed=seed, rank=rank, world=world) for s in range(step, last))
     idx = (i if subset is None else subset[i] for i in idx)
     if isinstance(x_train, torch.Tensor):
         return (x_train[i] for i in idx)
@@ -243,10 +243,10 @@ if __name__ == "__main__":
         trained = {**config, **ckpt.get("config", {})}  # the data it was trained on
         data = (images.imagefolder_squares(trained["data_dir"], trained["imagefolder_base"])
                 if trained["dataset"] == "imagefolder" else images.load_images(trained["dataset"], trained["data_dir"]))
-        eval_sets = [images.load_eval_images(data, s, n, backbone.config.img_size, num_workers)
+        eval_sets = [images.load_eval_images(data, s, n, size=backbone.config.img_size, num_workers=num_workers)
                      for s, n in (("train", eval_train), ("val", eval_val))]
         seg_sets = None if seg_dataset == "none" else [
-            images.load_segmentation(seg_dataset, trained["data_dir"], s, n, seg_size, backbone.config.in_chans)
+            images.load_segmentation(seg_dataset, trained["data_dir"], s, n, size=seg_size, in_chans=backbone.config.in_chans)
             for s, n in (("train", seg_train), ("val", seg_val))]
         probe = dict(mean=data["mean"], std=data["std"], num_classes=data["num_classes"], device=run_device)
         res = dict(knn_acc=probes.knn_eval(backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe),
@@ -291,9 +291,9 @@ if __name__ == "__main__":
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     torch.manual_seed(seed)  # the same initial weights in every process
     # the first process alone evaluates: it alone reads the evaluation images (seg_sets now: they fail before training)
-    eval_sets = [images.load_eval_images(data, s, n, global_size, num_workers) for s, n in (("train", eval_train),
-                 ("val", eval_val))] if master else None
-    seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, seg_size, in_chans)
+    eval_sets = [images.load_eval_images(data, s, n, size=global_size, num_workers=num_workers)
+                 for s, n in (("train", eval_train), ("val", eval_val))] if master else None
+    seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, size=seg_size, in_chans=in_chans)
                 for s, n in (("train", seg_train), ("val", seg_val))] if master and seg_dataset != "none" else None
     multicrop = augment.MultiCrop(config, in_chans, data["mean"], data["std"])
     probe = dict(mean=data["mean"], std=data["std"], num_classes=data["num_classes"], device=run_device)
@@ -398,7 +398,7 @@ if __name__ == "__main__":
             with torch.no_grad():
                 teacher_out = teacher(crops[:1]).float()  # only the global crops go through the teacher
             student_out = ddp_student(crops).float()  # ((2 + n) * B, out_dim)
-        loss = dino_loss(student_out, teacher_out, center, student_temp, t_temp)
+        loss = dino_loss(student_out, teacher_out, center, student_temp=student_temp, teacher_temp=t_temp)
         last_loss = loss.item()  # every process has the whole batch's loss from its own share: read before the step
         common.check_finite(last_loss, step)
         optimizer.zero_grad(set_to_none=True)

@@ -195,8 +195,8 @@ def sample_checkpoint(path, device, prompt, num_samples, max_new_tokens, tempera
     model = common.load_model(ckpt).to(device).eval()
     print(f"sampling from {path} (step {ckpt['step']}, {ckpt['config']['dataset']}, n_lap={model.config.n_lap})")
     print("-" * 80)
-    return sample(model, text.get_tokenizer(ckpt["meta"]), prompt, num_samples, max_new_tokens, temperature,
-                  top_k, seed, device)
+    return sample(model, text.get_tokenizer(ckpt["meta"]), prompt, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                  temperature=temperature, top_k=top_k, seed=seed, device=device)
 
 # ---------------------------------------------------------------- run
 
@@ -211,8 +211,8 @@ if __name__ == "__main__":
         fractions=("warmdown_frac", "final_lr_frac"),
         choices=dict(optimizer_name=("muon", "adamw")))
     if sample_from:  # only sample a checkpoint: no data, no training
-        sample_checkpoint(sample_from, common.resolve_device(device), prompt, num_samples, max_new_tokens, temperature,
-                          top_k, seed)
+        sample_checkpoint(sample_from, common.resolve_device(device), prompt, num_samples=num_samples,
+                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
         raise SystemExit(0)
     if ckpt is not None and block_size > ckpt["model_config"]["block_size"]:
         raise UsageError(f"--block_size={block_size} is larger than the model's block_size="
@@ -362,7 +362,7 @@ if __name__ == "__main__":
             loss_step += loss.detach() / grad_accum
         loss_step = loss_step.item()  # one synchronisation per step, for the non-finite guard
         common.check_finite(loss_step, step)
-        optimizer_step(optimizers, scaler, raw_model.parameters(), grad_clip, step)
+        optimizer_step(optimizers, scaler, raw_model.parameters(), grad_clip=grad_clip, step=step)
         raw_model.zero_grad(set_to_none=True)
         step += 1
         dt = time.time() - t_step
@@ -392,7 +392,8 @@ if __name__ == "__main__":
         if num_samples and max_new_tokens:
             print("-" * 80)
             try:
-                sample(raw_model.eval(), tokenizer, prompt, num_samples, max_new_tokens, temperature, top_k, seed, run_device)
+                sample(raw_model.eval(), tokenizer, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                       temperature=temperature, top_k=top_k, seed=seed, device=run_device)
             except UsageError as e:
                 print(f"no sample: {e}")
         common.write_result(out_dir, n_lap=model_config.n_lap, params=raw_model.num_params(), seed=seed,

@@ -333,7 +333,7 @@ if __name__ == "__main__":
             torch.manual_seed(common.step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
             t0 = time.time()
             x, y = next(batches)
-            x, y = augment_batch(x, y, resolution, mean, std, mixer=mixer, geometric=dataset != "imagefolder",
+            x, y = augment_batch(x, y, img_size=resolution, mean=mean, std=std, mixer=mixer, geometric=dataset != "imagefolder",
                                  crop_padding=crop_padding, hflip=hflip, rand_augment=rand_augment,
                                  rand_magnitude=rand_magnitude, three_augment=three_augment, color_jitter=color_jitter,
                                  random_erasing=random_erasing)
@@ -347,7 +347,7 @@ if __name__ == "__main__":
             loss_accum += loss.detach()
         loss_value = common.all_reduce_mean(loss_accum, run_device)  # every process sees the same value and stops together
         common.check_finite(loss_value, step)
-        optimizer_step([optimizer], scaler, raw_model.parameters(), grad_clip, step)
+        optimizer_step([optimizer], scaler, raw_model.parameters(), grad_clip=grad_clip, step=step)
         optimizer.zero_grad(set_to_none=True)
         step += 1
         loss_sum += loss_value
@@ -371,8 +371,8 @@ if __name__ == "__main__":
         if epoch_end:
             batches = None
             t0 = time.time()
-            val_acc, val_loss = evaluate(model, val_batches(val_data, 4 * batch_size, rank, world, run_device, num_workers),
-                                         resolution, mean, std, ctx=ctx, world=world)
+            shard = val_batches(val_data, 4 * batch_size, rank=rank, world=world, device=run_device, num_workers=num_workers)
+            val_acc, val_loss = evaluate(model, shard, img_size=resolution, mean=mean, std=std, ctx=ctx, world=world)
             best_acc = max(best_acc, val_acc)
             print0(f"eval epoch {step // steps_per_epoch}: val_acc {val_acc:.4f} val_loss {val_loss:.4f} "
                    f"({time.time() - t0:.1f}s, {common.format_time(time.time() - t_start)} elapsed)")

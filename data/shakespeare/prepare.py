@@ -16,6 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
 from common import configure  # noqa: E402
 from data import text  # noqa: E402
+from data.shakespeare_char.prepare import corpus_name, read_input, shakespeare_text, split_text  # noqa: E402
 
 input_file = ""  # a UTF-8 text file to use instead of Shakespeare
 out_dir = HERE  # where train.bin, val.bin and meta.json go
@@ -23,9 +24,9 @@ out_dir = HERE  # where train.bin, val.bin and meta.json go
 
 def prepare(corpus, out_dir, source, enc):
     """Encode corpus with the tiktoken Encoding enc and write the dataset; returns the meta dict."""
-    train_text, val_text = text.split_text(corpus)
+    train_text, val_text = split_text(corpus)
     print(f"source: {source}")
-    name = text.corpus_name(corpus, source)  # kept in meta.json and a GPT run's RESULT line
+    name = corpus_name(corpus, source)  # kept in meta.json and a GPT run's RESULT line
     print(f"corpus: {name}")
     print(f"length of dataset in characters: {len(corpus):,}")
     meta = text.bpe_meta(enc, source=source, corpus=name)
@@ -36,7 +37,7 @@ if __name__ == "__main__":
     configure(globals())
     enc = text.gpt2_encoding()  # first: fail before a download when tiktoken has no vocabulary
     if input_file:
-        corpus, source = text.read_input(input_file), f"--input_file={input_file}"
+        corpus, source = read_input(input_file), f"--input_file={input_file}"
     else:
-        corpus, source = text.shakespeare_text(os.path.join(out_dir, "input.txt"))
+        corpus, source = shakespeare_text(os.path.join(out_dir, "input.txt"))
     prepare(corpus, out_dir, source, enc)
