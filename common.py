@@ -315,14 +315,15 @@ def step_seed(*parts):
     return hash(tuple(parts)) & 0x7FFF_FFFF_FFFF_FFFF
 
 def rng_state():
-    cuda = {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
+    """This process's random state: Python's, the CPU's and its own GPU's (a resume may see fewer or other GPUs)."""
+    cuda = {"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {}
     return {"python": random.getstate(), "torch": torch.get_rng_state(), **cuda}
 
 def set_rng_state(state):
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 def cosine_schedule(step, total, start, end, warmup=0, warmup_start=0.0, warmup_from=0):
     """A linear warm-up from warmup_start to start over the first `warmup` steps, then a half cosine from start to end

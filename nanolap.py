@@ -64,11 +64,12 @@ class MixedHeadAttention(nn.Module):
             k, vh = extend_cache(cache, k, vh)  # (B, K, S, D): the S - T cached positions, then this call's T
         if explicit:
             return self.explicit_heads(q, k, vh)
-        # P V for every head in one fused call (FlashAttention on a GPU: the T x T matrix P never exists); one new token
-        # of cached generation sees every cached position, so no mask
+        if not sdpa_reads_groups(q):  # a kernel without grouped-query attention: every query head its own k and v
+            k, vh = expand_kv(k, self.n_head, dim=1), expand_kv(vh, self.n_head, dim=1)  # (B, H, S, D)
+        # P V for every head in one fused call (FlashAttention on a GPU: P is never built); a new cached token sees all
         drop = self.dropout if self.training else 0.0  # drops entries of P: in training (I - P) 1 = 0 holds on average only
         y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=self.causal and q.shape[2] > 1,
-                                           enable_gqa=self.n_kv_head < self.n_head)  # (B, H, T, D)
+                                           enable_gqa=k.shape[1] < self.n_head)  # (B, H, T, D)
         y = y.transpose(1, 2)  # (B, T, H, D)
         # V - P V for the trailing n_lap heads. Under a KV cache row t is v_t - sum_s P_ts v_s, and v_t is the new
         # token's own value, computed in this call: a Laplacian head needs nothing cached beyond an attention head
@@ -106,6 +107,11 @@ def expand_kv(t, n_head, dim):
     K = t.shape[dim]
     return t if K == n_head else t.repeat_interleave(n_head // K, dim=dim)
 
+def sdpa_reads_groups(q):
+    """Whether SDPA reads grouped keys and values itself: on a CPU and in FlashAttention (16-bit, capability >= 8.0); its
+    other CUDA kernels (a T4, float32) would fall back to the math kernel, memory growing with T^2 (pytorch #139586)."""
+    return not q.is_cuda or q.dtype != torch.float32 and torch.cuda.get_device_capability(q.device) >= (8, 0)
+
 def extend_cache(cache, k, vh):
     """Generation: one layer's cached keys and values (B, K, t, D) of the earlier positions, then this call's."""
     if cache:
@@ -115,8 +121,8 @@ def extend_cache(cache, k, vh):
     return k, vh
 
 class UniformGraphAttention(MixedHeadAttention):
-    """The mean-mixing baseline (graph='uniform'): no queries or keys, every score 0, so the softmax gives every head the
-    same P, the plain average over the sequence (causally: over the positions <= t); P V is the (running) mean."""
+    """The mean-mixing baseline (graph='uniform'): every score 0, so P is the plain average over the sequence (causally:
+    over the positions <= t) and P V the (running) mean; no queries or keys."""
     queries = False
 
     def project(self, x, rope=None):
@@ -157,8 +163,7 @@ class LayerScale(nn.Module):
     def forward(self, x):
         return x * self.gamma
 
-def drop_path(x, p, training):
-    """Stochastic depth: drop a whole residual branch per sample, rescale the kept ones."""
+def drop_path(x, p, training):  # stochastic depth: drop a whole residual branch per sample, rescale the kept ones
     if p == 0.0 or not training:
         return x
     return x * x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - p) / (1 - p)  # a (B, 1, ..) keep mask
@@ -300,8 +305,8 @@ class Trunk(nn.Module):
         return sum(p.numel() for p in self.parameters()) - tables
 
     def flops_per_token(self, T):
-        """Training FLOPs per token (nanochat): 6N (matmuls) + 12 L d T (attention: Q K^T and P V, forward and backward);
-        V - P V counts as 0. The uniform graph's scores are constants: Q K^T forward (width 1 per head), P V, dV."""
+        """Training FLOPs per token (nanochat): 6N (matmuls) + 12 L d T (attention; a causal half counted too: 9% of gpt-d20's
+        total at T 2048); V - P V counts 0; the uniform graph's constant scores: Q K^T forward (width 1), P V and dV."""
         L, d = self.config.n_layer, self.config.n_embd
         if self.config.graph == "uniform":
             return 6 * self.num_params(exclude_embedding=True) + L * T * (4 * d + 2 * self.config.n_head)
@@ -416,9 +421,8 @@ class GPT(Trunk):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
-        """Sample continuations of idx (B, T) (temperature 0 = greedy). use_cache: prefill a KVCache with the prompt's last
-        block_size tokens, then one token per call; a full cache is refilled with the last half window at position 0 (a
-        sliding window would move every position and void every cached key). use_cache=False recomputes each token."""
+        """Sample continuations of idx (B, T) (temperature 0 = greedy). use_cache: a KVCache of the prompt, then one token
+        per call; a full cache restarts from the last half window (a sliding one would void every cached key)."""
         block_size = self.config.block_size
         cache = None
         for _ in range(max_new_tokens):
@@ -461,9 +465,6 @@ class DINOHead(nn.Module):
 
     def forward(self, x):
         return F.linear(F.normalize(self.mlp(x), dim=-1), self.weight_g * F.normalize(self.weight_v, dim=-1))
-
-    def last_layer_params(self):
-        return [self.weight_v, self.weight_g]
 
 def build_model(config):
     return ViT(config) if config.model == "vit" else GPT(config)

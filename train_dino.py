@@ -176,7 +176,7 @@ def clip_gradients(model, clip):
 def cancel_last_layer_grads(head, epoch, freeze_epochs):
     """In the first freeze_epochs epochs the head's last layer gets no update (its gradient is dropped)."""
     if epoch < freeze_epochs:
-        for p in head.last_layer_params():
+        for p in (head.weight_v, head.weight_g):  # the last layer
             p.grad = None
 
 @torch.no_grad()
@@ -328,7 +328,8 @@ if __name__ == "__main__":
         teacher.load_state_dict(common.clean_state_dict(ckpt["teacher"]))
         center = ckpt["center"].to(run_device)
         optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.load_state_dict(ckpt["scaler"])
+        if ckpt.get("scaler"):  # a float16 run's loss scale; a bfloat16 or float32 checkpoint holds none
+            scaler.load_state_dict(ckpt["scaler"])
         start_step = ckpt["step"]
         knn_init = ckpt.get("knn_acc_init")
         common.set_rng_state(ckpt["rng"][rank])
@@ -436,8 +437,8 @@ if __name__ == "__main__":
 
     # ---- the end: the processes part, then the first one alone runs the final probes (no process waits for it)
     common.teardown_distributed()
-    if end_step < max_iters:  # stopped by --stop_at_step
-        print0(f"stopped at step {end_step} of {max_iters} (--stop_at_step); continue with --resume --out_dir={out_dir}")
+    if master and end_step < max_iters:  # stopped by --stop_at_step
+        print(f"stopped at step {end_step} of {max_iters} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
         res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn)
         res.update(probes.evaluate_final(teacher.backbone, eval_sets, seg_sets, linear_blocks=linear_blocks,

@@ -263,7 +263,7 @@ if __name__ == "__main__":
             for group, h in zip(optimizer.param_groups, hyper):
                 group.update(h)  # ... hyperparameters from the options (identical unless overridden now)
         common.set_rng_state(ckpt["rng"])
-        if ckpt.get("scaler"):  # a float16 run's loss scale
+        if ckpt.get("scaler"):  # a float16 run's loss scale; a bfloat16 or float32 checkpoint holds none
             scaler.load_state_dict(ckpt["scaler"])
         step = ckpt["step"]
         best_val_loss = ckpt["best_val_loss"]
@@ -384,9 +384,10 @@ if __name__ == "__main__":
             eta = elapsed / (step - start_step) * (max_iters - step)  # wall clock, evaluations included
             print0(f"{line} | {common.format_time(elapsed)} elapsed, eta {common.format_time(eta)}")
 
-    # ---- the end: a sample and the RESULT line (or, stopped early, how to continue)
-    if stopped:
-        print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
+    # ---- the end: the processes part first (no one waits while the first one samples), then a sample and RESULT
+    common.teardown_distributed()
+    if master and stopped:
+        print(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
         seconds = round(time_before + time.time() - t0)
         if num_samples and max_new_tokens:
@@ -399,4 +400,3 @@ if __name__ == "__main__":
         common.write_result(out_dir, n_lap=model_config.n_lap, params=raw_model.num_params(), seed=seed,
                             dataset=dataset, corpus=corpus, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
                             val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine)
-    common.teardown_distributed()

@@ -281,7 +281,8 @@ if __name__ == "__main__":
                              f"{steps_per_epoch}; keep the global batch and the dataset the same")
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.load_state_dict(ckpt["scaler"])
+        if ckpt.get("scaler"):  # a float16 run's loss scale; a bfloat16 or float32 checkpoint holds none
+            scaler.load_state_dict(ckpt["scaler"])
         step = ckpt["step"]
         best_acc = ckpt["best_val_acc"]
         val_acc = ckpt["val_acc"]
@@ -394,9 +395,10 @@ if __name__ == "__main__":
             break
 
     # ---- end
+    timed = speeds[1:] or speeds or [0]  # the first log window holds the compilation and the warm-up
     if master and not stopped:
         common.write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset,
                             steps=step, seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss,
-                            epochs=epochs, img_per_s=round(sum(speeds) / max(len(speeds), 1)),
+                            epochs=epochs, img_per_s=round(sum(timed) / len(timed)),
                             data_wait=sum(waits) / max(len(waits), 1), machine=machine)
     common.teardown_distributed()

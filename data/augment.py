@@ -206,7 +206,7 @@ class MultiCrop:
 
     def __call__(self, images, generator):
         x = images.float() / 255  # (B, C, H, W)
-        c, B = self.c, x.shape[0]
+        c = self.c
         views = [self.view(x, c["global_size"], c["global_scale"], 1.0, 0.0, generator),
                  self.view(x, c["global_size"], c["global_scale"], 0.1, c["solarize_p"], generator)]
         crops = [torch.cat(views)]

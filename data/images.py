@@ -8,20 +8,18 @@ package dataset-fashion-mnist, else downloaded; CIFAR downloads on first use.
 
 import gzip
 import os
-import socket
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
 from common import UsageError
+from data import download_timeout
 
 FASHION_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
                  "val": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
 DEBIAN_FASHION = "/usr/share/datasets/fashion-mnist"  # apt-get install dataset-fashion-mnist
-DOWNLOAD_TIMEOUT = 30  # seconds a download may wait for the server's next bytes: offline, it fails instead of hanging
 DATASETS = ("fashion_mnist", "cifar10", "cifar100", "synthetic", "scenes")  # in memory; plus 'imagefolder'
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -37,18 +35,6 @@ def _read_idx(path):
     return torch.frombuffer(bytearray(data[4 + 4 * ndim:]), dtype=torch.uint8).reshape(shape)
 
 
-@contextmanager
-def _download_timeout(seconds=None):
-    """torchvision downloads through urllib without a timeout: a connection dropped without a word would wait forever.
-    Inside the block every new socket gives up after `seconds` (DOWNLOAD_TIMEOUT) of silence."""
-    found = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT if seconds is None else seconds)
-    try:
-        yield
-    finally:
-        socket.setdefaulttimeout(found)
-
-
 def _fashion_mnist_dir(root):
     """data/fashion_mnist (also torchvision's FashionMNIST/raw layout), else the Debian package,
     else a torchvision download into data/fashion_mnist."""
@@ -57,7 +43,7 @@ def _fashion_mnist_dir(root):
             return d
     try:
         from torchvision.datasets import FashionMNIST
-        with _download_timeout():
+        with download_timeout():
             for train in (True, False):
                 FashionMNIST(root, train=train, download=True)
     except Exception as e:
@@ -107,7 +93,7 @@ def load_images(name, data_dir="data"):
         from torchvision import datasets
         cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
         try:
-            with _download_timeout():
+            with download_timeout():
                 sets = {s: cls(root, train=(s == "train"), download=True) for s in ("train", "val")}
         except Exception as e:
             fetch = f"python -c \"from torchvision import datasets; datasets.{cls.__name__}('{root}', download=True)\""
@@ -260,7 +246,7 @@ def load_segmentation(name, data_dir, split, n, size, in_chans):
         from torchvision.datasets import OxfordIIITPet
         root = os.path.join(data_dir, "oxford_pets")
         try:
-            with _download_timeout():
+            with download_timeout():
                 ds = OxfordIIITPet(root, split="trainval" if split == "train" else "test",
                                    target_types=["segmentation", "binary-category"], download=True)
         except Exception as e:

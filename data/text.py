@@ -21,6 +21,7 @@ import torch
 
 import common
 from common import UsageError
+from data import download_timeout
 
 DATASETS = ("shakespeare_char", "shakespeare", "fineweb_edu")  # each made by data/<name>/prepare.py
 
@@ -53,7 +54,8 @@ def tiktoken_encoding(name="gpt2"):
     """A tiktoken Encoding by name; tiktoken downloads its vocabulary on first use, then caches it."""
     import tiktoken
     try:
-        return tiktoken.get_encoding(name)
+        with download_timeout():
+            return tiktoken.get_encoding(name)
     except Exception as e:
         reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
         raise UsageError(f"tiktoken could not load the {name!r} vocabulary ({reason}). tiktoken downloads it from "

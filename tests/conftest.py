@@ -37,6 +37,20 @@ def run(script, *args, check=False, timeout=180):
     return p
 
 
+def torchrun_with(prelude, script, *args, nprocs=2, timeout=300):
+    """`torchrun --standalone --nproc_per_node=nprocs script args` with prelude run first in every process (a fake
+    slow step, a short process-group timeout); returns the CompletedProcess."""
+    code = f"import runpy, sys\nsys.path.insert(0, {ROOT!r})\n{prelude}\nrunpy.run_path({script!r}, run_name='__main__')"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}", "--no-python",
+           sys.executable, "-c", code, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+# every process's group gives up on a peer after 5 s, and the first process's last work takes 8 s
+SHORT_GROUP_TIMEOUT = ("import datetime, torch.distributed as dist\ninit = dist.init_process_group\n"
+                       "dist.init_process_group = lambda backend: init(backend, timeout=datetime.timedelta(seconds=5))\n")
+
+
 def result(text):
     """The last RESULT line in text as {key: value string}, in its order (common.parse_result); fails without one."""
     found = common.parse_result(text)

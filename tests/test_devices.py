@@ -15,7 +15,7 @@ import torch
 import torch.utils._triton  # noqa: F401 (monkeypatched below)
 
 import common
-from conftest import ENV, ROOT, randomise
+from conftest import ENV, ROOT, randomise, run
 from nanolap import build_model, make_config
 
 
@@ -191,6 +191,25 @@ def test_out_of_memory_keeps_its_traceback_and_ends_with_what_to_lower(data_dir,
     done = run_script_with(raise_it, script, "--cpu_procs=1", *args, *data, f"--out_dir={tmp_path / 'run'}")
     assert done.returncode == 1 and "Traceback" in done.stderr and "def out_of_memory" in done.stderr  # the line
     assert done.stderr.splitlines()[-1] == f"out of memory in the run {tmp_path / 'run'} {line}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, args", [
+    ("train_vit.py", ["--dataset=synthetic", "--train_subset=256", "--batch_size=32", "--epochs=1"]),
+    ("train_gpt.py", ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
+                      "--max_iters=4", "--eval_interval=2", "--max_new_tokens=0", "--dataset=tiny"]),
+    ("train_dino.py", ["--dataset=synthetic", "--n_layer=2", "--n_embd=32", "--n_head=2", "--out_dim=64",
+                       "--head_hidden=32", "--head_bottleneck=16", "--train_subset=128", "--batch_size=32", "--epochs=1.0",
+                       "--eval_train=64", "--eval_val=64", "--probe_steps=5", "--seg_dataset=none", "--eval_interval=100"]),
+])
+def test_a_bfloat16_checkpoint_resumes_in_float16(data_dir, tmp_path, script, args):
+    """A run checkpointed in bfloat16 (no loss scale) continues where float16 trains with a gradient scaler (a T4)."""
+    data = [f"--data_dir={data_dir}"] if script == "train_gpt.py" else []
+    first = run(script, *args, *data, "--dtype=bfloat16", "--stop_at_step=2", f"--out_dir={tmp_path}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    rest = run(script, *args, *data, "--dtype=float16", "--resume", f"--out_dir={tmp_path}")
+    assert rest.returncode == 0 and "RESULT " in rest.stdout, rest.stderr[-2000:]
+    assert common.load_checkpoint(str(tmp_path / "ckpt.pt"))["scaler"]["scale"] > 0  # float16's scaler took over
 
 
 def test_a_shape_bug_in_a_models_forward_shows_its_traceback(tmp_path):

@@ -18,7 +18,7 @@ import common
 import probes
 import train_dino as td
 from common import load_checkpoint
-from conftest import ENV, ROOT, result, run
+from conftest import ENV, ROOT, SHORT_GROUP_TIMEOUT, result, run, torchrun_with
 from data import augment, images
 from data.scenes import prepare as scenes
 from nanolap import Config, DINOHead, ViT, make_config
@@ -566,3 +566,14 @@ def test_a_non_finite_loss_stops_the_run_before_its_next_checkpoint(tmp_path):
     assert re.match(r"error: non-finite loss nan at step [0-2]: stopping at step 3; the last checkpoint is intact", r.stderr)
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert ckpt["step"] == 0 and all(torch.isfinite(v).all() for v in ckpt["student"].values())
+
+
+@pytest.mark.slow
+def test_the_final_probes_keep_no_process_waiting(tmp_path):
+    """The first process runs the final probes alone, after the processes have parted: here they take 8 s, longer than
+    the group's timeout (5 s), and the run still ends with its RESULT line."""
+    slow = SHORT_GROUP_TIMEOUT + ("import time, probes\nfinal = probes.evaluate_final\n"
+                                  "probes.evaluate_final = lambda *a, **k: time.sleep(8) or final(*a, **k)\n")
+    done = torchrun_with(slow, "train_dino.py", *TINY, "--dataset=synthetic", "--epochs=1.0", f"--out_dir={tmp_path}")
+    assert done.returncode == 0 and done.stdout.count("RESULT ") == 1, done.stderr[-3000:]
+    assert result(done.stdout)["pixel_side"] == "28"  # what the raw-pixel baselines read

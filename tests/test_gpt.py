@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import train_gpt  # noqa: E402
 from common import UsageError, load_checkpoint, save_checkpoint  # noqa: E402
-from conftest import result  # noqa: E402
+from conftest import SHORT_GROUP_TIMEOUT, result, torchrun_with  # noqa: E402
 from data import text  # noqa: E402
 from nanolap import Config, build_model, make_config  # noqa: E402
 
@@ -604,3 +604,15 @@ def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
     assert "cuda" in out and common.dtype_words(common.amp_dtype("cuda")) in out and "tok/s" in out
     assert math.isfinite(first["val_loss"]) and float(resumed["val_loss"]) < first["val_loss"] + 0.5
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6
+
+
+@pytest.mark.slow
+def test_the_sample_keeps_no_process_waiting(data_dir, tmp_path):
+    """The first process samples after the processes have parted (offline, tiktoken may wait for its vocabulary): here
+    the sample takes 8 s, longer than the group's timeout (5 s), and the run still ends with its RESULT line."""
+    slow = SHORT_GROUP_TIMEOUT + ("import time\nfrom data import text\nencode = text.Tokenizer.encode\n"
+                                  "text.Tokenizer.encode = lambda *a: time.sleep(8) or encode(*a)\n")
+    args = TINY[:-1] + ["--max_new_tokens=5", f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2",
+                        "--eval_interval=2", f"--out_dir={tmp_path}"]  # TINY without its --cpu_procs=1
+    done = torchrun_with(slow, "train_gpt.py", *args)
+    assert done.returncode == 0 and done.stdout.count("RESULT ") == 1, done.stderr[-3000:]

@@ -6,6 +6,8 @@ parameters and no FLOPs; a GPT's zero output projections make every block a no-o
 (every P the sequence mean, the mean-mixing baseline) has a fused path equal to its explicit one and no queries or
 keys. The models around the idea are tested in test_models.py, the run plumbing in test_plumbing.py."""
 
+import types
+
 import pytest
 import torch
 import torch.nn as nn
@@ -194,6 +196,26 @@ def test_cuda_fused_equals_explicit_and_the_fast_kernel_is_eligible(n_kv_head):
                 fast = model(idx)
             slow = model(idx, explicit=True)
         assert (fast - slow).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("device, dtype, capability, reads", [
+    ("cpu", torch.float32, None, True),  # CPU SDPA takes grouped keys and values
+    ("cuda", torch.bfloat16, (8, 0), True),  # FlashAttention
+    ("cuda", torch.float16, (7, 5), False),  # a T4: the memory-efficient kernel, which would fall back to the math one
+    ("cuda", torch.float32, (9, 0), False),  # float32: no FlashAttention
+])
+def test_grouped_query_attention_goes_to_a_kernel_that_reads_it(monkeypatch, device, dtype, capability, reads):
+    """Where SDPA's kernel cannot read grouped keys and values itself, the layer expands them first (a T4 would
+    otherwise run the math kernel, memory quadratic in T), and that path equals the explicit one."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    q = types.SimpleNamespace(is_cuda=device == "cuda", dtype=dtype, device=device)
+    assert nanolap.sdpa_reads_groups(q) == reads
+    torch.manual_seed(0)
+    cfg = make_config("gpt-tiny", n_lap=2, n_layer=1, n_kv_head=2, vocab_size=10)
+    attn = randomise(MixedHeadAttention(cfg, 2), std=0.3).eval()
+    x = torch.randn(2, 17, cfg.n_embd)
+    monkeypatch.setattr(nanolap, "sdpa_reads_groups", lambda q: reads)  # the CPU takes the path a GPU would
+    torch.testing.assert_close(attn(x), reference_attention(attn, x), atol=2e-5, rtol=1e-4)
 
 
 # the uniform graph: the mean-mixing baseline (P = 11^T / T, causally the running mean)

@@ -259,6 +259,24 @@ def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
     assert a[0] == b[0] and torch.equal(a[1], b[1])
 
 
+def test_the_random_state_holds_this_processs_own_gpu_only(monkeypatch):
+    """A checkpoint keeps the CUDA random state of its process's GPU alone: a resume with fewer (or other) visible GPUs
+    restores it (every GPU's state would not fit there)."""
+    saved = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": saved.append(state))
+
+    def every_gpu(*args, **kwargs):
+        raise AssertionError("the state of every visible GPU")
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", every_gpu)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", every_gpu)
+    state = common.rng_state()
+    assert torch.equal(state["cuda"], torch.tensor([7], dtype=torch.uint8))
+    common.set_rng_state(state)
+    assert len(saved) == 1 and torch.equal(saved[0], state["cuda"])
+
+
 def test_prepare_out_dir_moves_an_earlier_run_aside_and_checks_writing(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()

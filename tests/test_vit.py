@@ -18,6 +18,7 @@ import nanolap
 import train_vit
 from common import load_checkpoint, load_model
 from conftest import ENV, ROOT, result, run
+import data
 from data import augment, images
 
 SCRIPT = "train_vit.py"
@@ -56,6 +57,8 @@ def test_tiny_training_on_cpu(tmp_path):
     assert open(tmp_path / "result.txt").read().split()[1:4] == p.stdout.split("RESULT ")[1].split()[:3]
     assert "on cpu in float32, 1 process" in p.stdout and "4 steps/epoch, 2 epochs = 8 steps" in p.stdout
     assert re.search(r"epoch 1/2 step 2/8 \| loss \S+ \| lr \S+ \| \d+ img/s \| data \S+% \| eta", p.stdout)
+    windows = [int(v) for v in re.findall(r"\| (\d+) img/s \|", p.stdout)]  # 4 log windows; the first holds the warm-up
+    assert len(windows) == 4 and abs(int(r["img_per_s"]) - sum(windows[1:]) / 3) <= 1, (windows, r["img_per_s"])
     records = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
     assert [rec["step"] for rec in records] == [4, 8]  # one eval per epoch
     assert r["machine"] == common.machine_name("cpu") and all(rec["machine"] == r["machine"] for rec in records)
@@ -515,7 +518,7 @@ def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torchvision.datasets, "FashionMNIST", SilentFashionMNIST)
     monkeypatch.setattr(images, "DEBIAN_FASHION", str(tmp_path / "no-debian-package"))
-    monkeypatch.setattr(images, "DOWNLOAD_TIMEOUT", 0.5)
+    monkeypatch.setattr(data, "DOWNLOAD_TIMEOUT", 0.5)
     t0 = time.time()
     with pytest.raises(common.UsageError, match="download failed .*timed out"):
         images.load_images("fashion_mnist", str(tmp_path))
