@@ -3,7 +3,6 @@ checkpoints of each kind (vit, gpt, dino; in-memory data and ImageNet-style fold
 several runs. The run section is executed in this process (runpy) as `python analyze.py ...` would run it; the
 slow tier runs it as a subprocess for the one-line error messages."""
 
-import ast
 import gzip
 import json
 import math

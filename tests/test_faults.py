@@ -158,7 +158,7 @@ def test_a_fresh_run_moves_the_old_runs_analysis_aside_with_it(finished, data_di
     rc, out, err = run(command("vit", data_dir, "--epochs=1", f"--out_dir={out_dir}"))
     assert rc == 0 and "RESULT " in out, err[-2000:]
     aside = [n for n in os.listdir(out_dir) if n.startswith("previous-")]
-    assert len(aside) == 1 and f"analysis, analysis-2, ckpt.pt, log.jsonl, result.txt moved to" in out, out[:2000]
+    assert len(aside) == 1 and "analysis, analysis-2, ckpt.pt, log.jsonl, result.txt moved to" in out, out[:2000]
     assert sorted(os.listdir(out_dir)) == sorted(aside + ["ckpt.pt", "log.jsonl", "result.txt"])
     assert open(os.path.join(out_dir, aside[0], "analysis", "summary.md"), "rb").read() == old_summary
 

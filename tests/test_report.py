@@ -2,7 +2,6 @@
 analyze.py analysed, the sweep's report from saved artefacts (and that the committed results/summary.md is exactly the
 report of the committed artefacts), the headline figure, and the layering of the whole repository."""
 
-import ast
 import glob
 import json
 import math
