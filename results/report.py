@@ -751,7 +751,8 @@ def write_report(root, dest, command):
              "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")
     with common.atomic_write(os.path.join(dest, common.SUMMARY)) as f:
         f.write(compare_summary(sets.values(), intro, verdict).encode())
-    headline = fig_headline(sets, os.path.join(dest, "figures", "headline.png"))
+    ladders = {name: c for name, c in sets.items() if not name.startswith("six_")}  # the verdict's sets have figures of their own
+    headline = fig_headline(ladders, os.path.join(dest, "figures", "headline.png"))
     written = [f for c in sets.values() for f in c["figures"]] + verdict_figs
     written += [common.SUMMARY, os.path.join("figures", headline)]
     print("\n".join(f"wrote {os.path.join(dest, f)}" for f in written))

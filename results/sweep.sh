@@ -26,8 +26,13 @@
 # ViT 4 epochs (default 18), GPT 1000 steps (default 2000), DINO 1.5 epochs (default 6); the schedules are
 # compressed, not cut. The long ViT runs (n_lap 0 and 4, three seeds) train three times as long: 12 epochs;
 # vit_cls feeds the head the CLS token instead of the mean of the patch tokens (DeiT-III's choice).
-# The ViT runs one process with batch 256, the same global batch, data order and draws as the default's
-# 2 processes of 128.
+# The ViT runs one process with batch 256: the default's global batch and data order (2 processes of 128 draw their
+# augmentations per process, so their floats differ).
+#
+# The verdict's sets (six_*, RESULTS.md's verdict): n_lap 0 and 4, seeds 0-5, with the recipes of vit_cls_amd (CLS,
+# 4 epochs), gpt_amd, dino_amd, vit_cls_ls12 (CLS + LayerScale, 12 epochs: the paper's regime) and vit_default (mean
+# pooling, 18 epochs: the CPU default), every run of a set on one machine kind (a 2-core AMD EPYC with AVX2 kernels,
+# 3 December 2026), set by set. A set goes into results/ only once it is complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
@@ -61,6 +66,13 @@ run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, i
 export -f run
 
 jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every regime at the same seeds; then the rest
+    # The verdict's sets: six seeds a side, every run of a set on one machine kind, set by set (a set is finished
+    # before the next starts, so that a sweep cut short on one machine leaves whole sets)
+    for s in 0 1 2 3 4 5; do for k in 0 4; do echo "vit $k $s six_vit_cls --pooling=cls"; done; done
+    for s in 0 1 2 3 4 5; do for k in 0 4; do echo "gpt $k $s six_gpt"; done; done
+    for s in 0 1 2 3 4 5; do for k in 0 4; do echo "dino $k $s six_dino"; done; done
+    for s in 0 1 2 3 4 5; do for k in 0 4; do echo "vit $k $s six_vit_cls_ls12 --pooling=cls --layerscale=1e-6 --epochs=12"; done; done
+    for s in 0 1 2 3 4 5; do for k in 0 4; do echo "vit $k $s six_vit_default --epochs=18"; done; done
     # What makes the paper's pattern appear with a CLS token: LayerScale, length, or both. CLS with and without
     # LayerScale 1e-6, at 4 and at 12 epochs, every run on one machine (the AMD EPYC of vit_cls_amd, which is the CLS
     # set without LayerScale at 4 epochs: its seed 0 trained again there gave every digit of its log; vit_cls_ls12
