@@ -50,7 +50,7 @@ import common
 import nanolap
 import probes
 from common import UsageError, print0
-from data import augment, images
+from data import augment, folders, images
 
 # ---------------------------------------------------------------- defaults: the CPU default (Fashion-MNIST, 2 cores)
 # I/O
@@ -241,7 +241,7 @@ if __name__ == "__main__":
             raise UsageError(f"{eval_only} holds a {ckpt['model_config']['model']} model; the probes need a ViT")
         backbone = common.load_model(ckpt).to(run_device).eval()
         trained = {**config, **ckpt.get("config", {})}  # the data it was trained on
-        data = (images.imagefolder_squares(trained["data_dir"], trained["imagefolder_base"])
+        data = (folders.imagefolder_squares(trained["data_dir"], trained["imagefolder_base"])
                 if trained["dataset"] == "imagefolder" else images.load_images(trained["dataset"], trained["data_dir"]))
         eval_sets = [images.load_eval_images(data, s, n, size=backbone.config.img_size, num_workers=num_workers)
                      for s, n in (("train", eval_train), ("val", eval_val))]
@@ -260,7 +260,7 @@ if __name__ == "__main__":
 
     # ---- data and model, before the processes start (a missing dataset or a bad size fails once): uint8 tensors in
     # memory or ImageFolders read lazily; the crops are cut on the device
-    data = (images.imagefolder_squares(data_dir, imagefolder_base) if dataset == "imagefolder"
+    data = (folders.imagefolder_squares(data_dir, imagefolder_base) if dataset == "imagefolder"
             else images.load_images(dataset, data_dir))
     x_train = data["train"] if dataset == "imagefolder" else data["train"][0]
     n_train = min(len(x_train), train_subset) if train_subset else len(x_train)

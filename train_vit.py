@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import nanolap
 from common import UsageError, print0
-from data import augment, images
+from data import augment, folders, images
 from optim import optimizer_step
 
 # ----------------------------------------------------------------------------- defaults
@@ -218,7 +218,7 @@ if __name__ == "__main__":
     # moved to the device below; image folders are decoded by DataLoader workers, which also crop and flip
     if dataset == "imagefolder":
         resolution = img_size or 224  # the model's image side
-        train_set, val_set = images.imagefolder_datasets(data_dir, resolution, hflip=hflip, rand_augment=rand_augment,
+        train_set, val_set = folders.imagefolder_datasets(data_dir, resolution, hflip=hflip, rand_augment=rand_augment,
                                                          rand_magnitude=rand_magnitude, simple_random_crop=simple_random_crop)
         # --train_subset/--val_subset: a fixed random subset (the folders are sorted by class)
         train_data = torch.utils.data.Subset(train_set, images.fixed_subset(len(train_set), train_subset).tolist())
@@ -227,8 +227,8 @@ if __name__ == "__main__":
         n_val = len(val_data)
         classes = train_set.classes
         in_chans = 3
-        mean = images.IMAGENET_MEAN
-        std = images.IMAGENET_STD
+        mean = folders.IMAGENET_MEAN
+        std = folders.IMAGENET_STD
     else:
         data = images.load_images(dataset, data_dir)
         (train_x, train_y), (val_x, val_y) = data["train"], data["val"]

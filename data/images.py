@@ -7,13 +7,15 @@ package dataset-fashion-mnist, else downloaded; CIFAR downloads on first use.
 """
 
 import gzip
+import math
 import os
 
 import torch
 import torch.nn.functional as F
 
+import common
 from common import UsageError
-from data import download_timeout
+from data import download_timeout, folders
 
 FASHION_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
                  "val": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
@@ -21,7 +23,6 @@ FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sanda
                    "Ankle boot"]
 DEBIAN_FASHION = "/usr/share/datasets/fashion-mnist"  # apt-get install dataset-fashion-mnist
 DATASETS = ("fashion_mnist", "cifar10", "cifar100", "synthetic", "scenes")  # in memory; plus 'imagefolder'
-IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 # -----------------------------------------------------------------------------
 # in-memory datasets
@@ -120,7 +121,7 @@ def load_eval_images(data, split, limit, size, num_workers=0):
     probes and analyze.py see the same images. An ImageFolder split (imagefolder_squares) is decoded by
     num_workers processes, at most 10000 images of it (a whole ImageNet does not fit in memory)."""
     if not isinstance(data[split], tuple):
-        return decode_folder(data[split], fixed_subset(len(data[split]), limit or 10000), size, num_workers)
+        return folders.decode_folder(data[split], fixed_subset(len(data[split]), limit or 10000), size, num_workers)
     x, y = data[split]
     idx = fixed_subset(len(x), limit)
     x = x[idx]
@@ -130,7 +131,7 @@ def load_eval_images(data, split, limit, size, num_workers=0):
     return x, y[idx]
 
 # -----------------------------------------------------------------------------
-# ImageNet-style folders: root/train/<class>/*.jpg and root/val/<class>/*.jpg
+# the evaluation images of a run
 
 
 def eval_images(ckpt, max_samples, seed):
@@ -145,13 +146,13 @@ def eval_images(ckpt, max_samples, seed):
     workers = cfg.get("num_workers", 8)
     folder = dataset == "imagefolder"
     if ckpt["kind"] == "dino":  # exactly train_dino.py's evaluation images
-        data = imagefolder_squares(data_dir, cfg.get("imagefolder_base", 256)) if folder else load_images(dataset, data_dir)
+        data = folders.imagefolder_squares(data_dir, cfg.get("imagefolder_base", 256)) if folder else load_images(dataset, data_dir)
         x, y = load_eval_images(data, "val", cfg.get("eval_val", 5000), cfg.get("global_size", img_size), workers)
         idx = fixed_subset(len(x), min(max_samples, len(x)), seed).sort().values
     elif folder:  # decode only the analysed subset of the validation folder
-        val = imagefolder_datasets(data_dir, img_size)[1]
-        data = dict(classes=val.classes, mean=IMAGENET_MEAN, std=IMAGENET_STD)
-        x, y = decode_folder(val, fixed_subset(len(val), min(max_samples, len(val)), seed).sort().values, img_size, workers)
+        val = folders.imagefolder_datasets(data_dir, img_size)[1]
+        data = dict(classes=val.classes, mean=folders.IMAGENET_MEAN, std=folders.IMAGENET_STD)
+        x, y = folders.decode_folder(val, fixed_subset(len(val), min(max_samples, len(val)), seed).sort().values, img_size, workers)
         idx = slice(None)
     else:
         data = load_images(dataset, data_dir)
@@ -160,73 +161,81 @@ def eval_images(ckpt, max_samples, seed):
     return (x[idx], y[idx].long(), *(ckpt.get(k, data[k]) for k in ("classes", "mean", "std")))
 
 
-def _check_folders(path):
-    for split in ("train", "val"):
-        if not os.path.isdir(os.path.join(path, split)):
-            raise UsageError(f"imagefolder: {os.path.join(path, split)} is not a directory. Pass --data_dir=<folder> "
-                             f"holding train/ and val/, each with one sub-folder of images per class (ImageNet layout)")
-
-
-def imagefolder_datasets(path, img_size, hflip=True, rand_augment=0, rand_magnitude=9, simple_random_crop=False):
-    """ImageNet-style folders path/train/<class>/*.jpg and path/val/<class>/*.jpg as torchvision datasets
-    that decode, crop and flip in DataLoader workers and return uint8 (3, img_size, img_size) tensors.
-    Training crop: random resized crop (scale 0.08-1), as DeiT-III and the first author on ImageNet-1k; with
-    simple_random_crop DeiT-III's crop for ImageNet-21k (resize the short side, random crop with 4 pixels of
-    reflect padding). Validation: resize to img_size/0.875, centre crop. Every resize is bicubic, as in DeiT
-    (timm's train.py draws bilinear or bicubic per image by default). The photometric part of 3-Augment, mixup
-    and cutmix run batched on the device."""
-    from torchvision import datasets
-    from torchvision.transforms import v2
-    _check_folders(path)
-    bicubic = v2.InterpolationMode.BICUBIC
-    if simple_random_crop:
-        crop = [v2.Resize(img_size, bicubic, antialias=True),
-                v2.RandomCrop(img_size, padding=4, padding_mode="reflect")]
-    else:
-        crop = [v2.RandomResizedCrop(img_size, scale=(0.08, 1.0), interpolation=bicubic, antialias=True)]
-    randaug = [v2.RandAugment(rand_augment, rand_magnitude)] if rand_augment else []
-    flip = [v2.RandomHorizontalFlip()] if hflip else []
-    train_tf = v2.Compose(crop + flip + randaug + [v2.PILToTensor()])
-    val_tf = v2.Compose([v2.Resize(int(img_size / 0.875), bicubic, antialias=True), v2.CenterCrop(img_size),
-                         v2.PILToTensor()])
-    return (datasets.ImageFolder(os.path.join(path, "train"), train_tf),
-            datasets.ImageFolder(os.path.join(path, "val"), val_tf))
-
-
-def imagefolder_squares(path, base=256):
-    """DINO's folders: every image decoded (in DataLoader workers) and resized to a base x base square, from
-    which the multi-crop augmentation cuts its views on the device. Returns dict(train=ImageFolder,
-    val=ImageFolder, num_classes, classes, mean, std) like load_images, with ImageNet's statistics (computing
-    them would mean decoding the whole folder)."""
-    from torchvision import datasets
-    from torchvision.transforms import v2
-    _check_folders(path)
-    square = v2.Compose([v2.ToImage(), v2.RGB(), v2.Resize(base, antialias=True), v2.CenterCrop(base)])
-    out = {split: datasets.ImageFolder(os.path.join(path, split), transform=square) for split in ("train", "val")}
-    classes = out["train"].classes
-    return dict(out, num_classes=len(classes), classes=classes, mean=IMAGENET_MEAN, std=IMAGENET_STD)
-
-
-def decode_folder(folder, indices, size, num_workers):
-    """folder[indices] as uint8 (N, 3, size, size) and labels, decoded by a DataLoader (evaluation sets)."""
-    from torchvision.transforms import v2
-    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(folder, indices.tolist()), batch_size=256,
-                                         num_workers=num_workers)
-    xs, ys = [], []
-    for x, y in loader:
-        xs.append(v2.functional.resize(x, [size, size], antialias=True))
-        ys.append(y)
-    return torch.cat(xs), torch.cat(ys)
-
 # -----------------------------------------------------------------------------
-# scenes: Fashion-MNIST items on textured backgrounds, with pixel masks (generated by data/scenes/prepare.py)
+# scenes: Fashion-MNIST items on textured backgrounds, with pixel masks (python data/scenes/prepare.py)
+
+SCENE_ITEM = 28  # Fashion-MNIST items are 28 x 28
+SCENE_CLASSES = ["background"] + FASHION_CLASSES
+
+
+def textures(n, size, g):
+    """n random backgrounds in [0, 240): a grating + smooth blobs + fine noise, each rescaled to its own grey band."""
+    def u():  # one uniform number per texture, (n, 1, 1)
+        return torch.rand(n, 1, 1, generator=g)
+
+    yy, xx = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32),
+                            indexing="ij")
+    angle = u() * math.pi  # drawn in this order: a seed gives one texture
+    period = 3 + 13 * u()
+    phase = 2 * math.pi * u()
+    grating = torch.sin(2 * math.pi / period * (xx * torch.cos(angle) + yy * torch.sin(angle)) + phase)
+    blobs = F.interpolate(torch.rand(n, 1, 5, 5, generator=g), size=(size, size), mode="bicubic",
+                          align_corners=False)[:, 0]
+    noise = torch.rand(n, size, size, generator=g)
+    t = u() * grating + 2 * u() * blobs + u() * noise
+    lo, hi = t.amin(dim=(1, 2), keepdim=True), t.amax(dim=(1, 2), keepdim=True)
+    t = (t - lo) / (hi - lo + 1e-6)  # [0, 1]
+    return (100 * u() + (40 + 100 * u()) * t).round().to(torch.uint8)  # a band inside [0, 240)
+
+
+def make_scenes(items, item_labels, n, seed, size=64, min_items=2, max_items=4, threshold=10):
+    """n scenes from the item pool (items uint8 (M, 1, 28, 28), item_labels (M,)); a pure function of seed."""
+    if size < SCENE_ITEM or not 1 <= min_items <= max_items:
+        raise UsageError(f"scenes need size >= {SCENE_ITEM} and 1 <= min_items <= max_items (got size={size}, "
+                         f"items {min_items}..{max_items})")
+    g = torch.Generator().manual_seed(seed)
+    images = textures(n, size, g).unsqueeze(1)  # (n, 1, size, size); the items are pasted on top
+    masks = torch.zeros(n, size, size, dtype=torch.uint8)
+    counts = torch.randint(min_items, max_items + 1, (n,), generator=g).tolist()
+    picks = torch.randint(len(items), (n, max_items), generator=g)
+    corners = torch.randint(size - SCENE_ITEM + 1, (n, max_items, 2), generator=g)
+    placements = torch.cat([picks[..., None], corners], dim=-1)  # (n, max_items, 3): item, top, left
+    for i, k in enumerate(counts):
+        placements[i, k:] = -1
+        for idx, top, left in placements[i, :k].tolist():
+            item = items[idx, 0]
+            pasted = item >= threshold  # (28, 28): the item's own pixels, not its black surround
+            images[i, 0, top:top + SCENE_ITEM, left:left + SCENE_ITEM][pasted] = item[pasted]
+            masks[i, top:top + SCENE_ITEM, left:left + SCENE_ITEM][pasted] = int(item_labels[idx]) + 1
+    # the image label: the class with the most visible pixels
+    K = len(SCENE_CLASSES)
+    visible = torch.bincount((masks.view(n, -1).long() + K * torch.arange(n).view(n, 1)).flatten(), minlength=n * K)
+    visible = visible.view(n, K)[:, 1:]  # (n, 10) pixels per item class
+    labels = visible.argmax(dim=1)
+    return dict(images=images, masks=masks, labels=labels, placements=placements)
+
+
+def build_scenes(data_dir="data", n_train=10000, n_val=2000, size=64, min_items=2, max_items=4, threshold=10, seed=0,
+          verbose=True):
+    """Generate both splits and write data_dir/scenes/{train,val}.pt atomically; returns the two dicts."""
+    fm = load_images("fashion_mnist", data_dir)
+    out = {}
+    for split, n, source, offset in (("train", n_train, fm["train"], 0), ("val", n_val, fm["val"], 1)):
+        scenes = make_scenes(*source, n, seed * 2 + offset, size, min_items, max_items, threshold)
+        scenes.update(classes=SCENE_CLASSES, size=size, seed=seed)
+        path = os.path.join(data_dir, "scenes", f"{split}.pt")
+        with common.atomic_write(path) as f:
+            torch.save(scenes, f)
+        if verbose:
+            print(f"wrote {n} scenes of {size}x{size} to {path}")
+        out[split] = scenes
+    return out
 
 
 def load_scenes(data_dir, split):
     """data_dir/scenes/{split}.pt, generated (and written) when missing, as python data/scenes/prepare.py does."""
     path = os.path.join(data_dir, "scenes", f"{split}.pt")
     if not os.path.isfile(path):
-        from data.scenes.prepare import build_scenes  # the generator lives with its command
         print(f"{path} is missing: generating the scenes (python data/scenes/prepare.py does the same)")
         return build_scenes(data_dir)[split]
     return torch.load(path, weights_only=True)

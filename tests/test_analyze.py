@@ -24,7 +24,7 @@ import analyze  # noqa: E402
 import report  # noqa: E402
 from common import UsageError, save_checkpoint  # noqa: E402
 from conftest import randomise, result  # noqa: E402
-from data import images, text  # noqa: E402
+from data import folders, images, text  # noqa: E402
 from nanolap import build_model, make_config  # noqa: E402
 
 FRACS = ("within_seq_frac", "within_class_frac", "between_class_frac")
@@ -723,7 +723,7 @@ def test_end_to_end_image_folders(tmp_path, capsys):
     dino = make_run(tmp_path / "dino", "dino", in_chans=3, imagefolder_base=40, global_size=28, eval_val=9, **common)
     run_analyze(vit, "--max_samples=10", "--etf_classes=[0,1,2]")
     res = check_outputs(os.path.join(vit, "analysis"), VIT_FIGURES)
-    assert res["settings"]["n_samples"] == 10 and res["settings"]["normalisation"]["mean"] == images.IMAGENET_MEAN
+    assert res["settings"]["n_samples"] == 10 and res["settings"]["normalisation"]["mean"] == folders.IMAGENET_MEAN
     assert res["nc"]["pooled"]["n_classes"] == 3
     run_analyze(dino, "--max_samples=100")
     res = check_outputs(os.path.join(dino, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca_maps.png"])

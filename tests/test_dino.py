@@ -20,7 +20,6 @@ import train_dino as td
 from common import load_checkpoint
 from conftest import ENV, ROOT, SHORT_GROUP_TIMEOUT, result, run, torchrun_with
 from data import augment, images
-from data.scenes import prepare as scenes
 from nanolap import Config, DINOHead, ViT, make_config
 
 SCRIPT = "train_dino.py"
@@ -272,9 +271,9 @@ def test_scenes_are_deterministic_and_masks_match_the_items():
     items = torch.zeros(20, 1, 28, 28, dtype=torch.uint8)
     items[:, :, 4:24, 6:22] = torch.randint(30, 256, (20, 1, 20, 16), generator=g, dtype=torch.uint8)
     labels = torch.arange(20) % 10
-    a = scenes.make_scenes(items, labels, 12, seed=3, size=48)
-    b = scenes.make_scenes(items, labels, 12, seed=3, size=48)
-    c = scenes.make_scenes(items, labels, 12, seed=4, size=48)
+    a = images.make_scenes(items, labels, 12, seed=3, size=48)
+    b = images.make_scenes(items, labels, 12, seed=3, size=48)
+    c = images.make_scenes(items, labels, 12, seed=4, size=48)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["images"], c["images"])
     for i in range(12):

@@ -19,7 +19,7 @@ import train_vit
 from common import load_checkpoint, load_model
 from conftest import ENV, ROOT, result, run
 import data
-from data import augment, images
+from data import augment, folders, images
 
 SCRIPT = "train_vit.py"
 
@@ -255,11 +255,11 @@ def test_imagefolder_crops_and_bicubic_resizing(tmp_path):
 
     torch.manual_seed(0)
     for simple in (False, True):
-        train_set, val_set = images.imagefolder_datasets(str(tmp_path), 32, hflip=False, simple_random_crop=simple)
+        train_set, val_set = folders.imagefolder_datasets(str(tmp_path), 32, hflip=False, simple_random_crop=simple)
         crops = [train_set[0][0] for _ in range(8)]
         assert [in_windows(c) for c in crops] == [simple] * 8, "SRC: windows of the resized image; RRC: zooms"
         assert len({c.float().mean().item() for c in crops}) > 1, "a new random crop every time"
-    rrc = images.imagefolder_datasets(str(tmp_path), 32)[0].transform.transforms[0]
+    rrc = folders.imagefolder_datasets(str(tmp_path), 32)[0].transform.transforms[0]
     assert isinstance(rrc, v2.RandomResizedCrop) and rrc.scale == (0.08, 1.0) and rrc.interpolation == bicubic
     val = val_set[0][0]  # (3, 32, 32)
     assert torch.equal(val, v2.functional.center_crop(resize("val", 36, bicubic), [32, 32]))
@@ -556,8 +556,8 @@ def test_imagefolder(tmp_path):
     assert "data: imagefolder 24 train / 8 val images, 3x32x32, 2 classes" in p.stdout
     assert "3 steps/epoch, 2 epochs = 6 steps" in p.stdout
     ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
-    assert ckpt["classes"] == ["bright", "dark"] and ckpt["mean"] == pytest.approx(images.IMAGENET_MEAN)
+    assert ckpt["classes"] == ["bright", "dark"] and ckpt["mean"] == pytest.approx(folders.IMAGENET_MEAN)
     # the script's validation (resize, centre crop, ImageNet normalisation) is the one a user would redo
-    _, val_set = images.imagefolder_datasets(str(tmp_path / "imgs"), 32)
+    _, val_set = folders.imagefolder_datasets(str(tmp_path / "imgs"), 32)
     x, y = torch.stack([val_set[i][0] for i in range(8)]), torch.tensor([val_set[i][1] for i in range(8)])
     assert accuracy(ckpt, x, y) == pytest.approx(float(result(p.stdout)["val_acc"]), abs=1e-4)
