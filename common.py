@@ -169,12 +169,10 @@ def resolve_device(device):
                          if kind in has else f"--device={device!r}: choose auto, cpu, cuda, cuda:N or mps")
     return device
 
-def start_processes(out_dir, resume, cpu_procs, device, oom_advice=""):
-    """A run's start in every script: on a CPU with cpu_procs > 1, `python train_*.py` runs itself again under torchrun;
-    the first process prepares out_dir before the group meets; oom_advice follows an out-of-memory traceback."""
+def start_processes(out_dir, resume, device, oom_advice=""):
+    """A run's start in every script: the first process prepares out_dir before the process group meets; oom_advice
+    follows an out-of-memory traceback. Returns (rank, local_rank, world, device)."""
     device = resolve_device(device)
-    if cpu_procs > 1 and device == "cpu" and "RANK" not in os.environ:
-        run_under_torchrun(cpu_procs)
     aside = prepare_out_dir(out_dir, resume) if os.environ.get("RANK", "0") == "0" else None
     sys.excepthook = functools.partial(report_error, out_dir=out_dir, aside=aside, oom_advice=oom_advice)
     rank, local_rank, world, device = setup_distributed(device)
@@ -183,9 +181,12 @@ def start_processes(out_dir, resume, cpu_procs, device, oom_advice=""):
         torch.backends.cudnn.allow_tf32 = True
     return rank, local_rank, world, device
 
-def run_under_torchrun(nprocs):
-    """This command again in nprocs single-threaded processes: `OMP_NUM_THREADS=1 torchrun --standalone
-    --nproc_per_node=nprocs`, PyTorch's own launcher; exits with their status (their own lines say what failed)."""
+def launch_processes(nprocs, device):
+    """On a CPU with nprocs > 1, `python train_*.py` runs itself again in nprocs single-threaded processes, as
+    `OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=nprocs` would, and exits with their status (their own
+    lines say what failed); in them, on a GPU or with one process, it returns at once."""
+    if nprocs == 1 or "RANK" in os.environ or resolve_device(device) != "cpu":
+        return
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -258,8 +258,9 @@ if __name__ == "__main__":
         common.write_result(out_dir, **res, pixel_side=min(backbone.config.img_size, probes.PIXEL_SIDE))
         sys.exit(0)
 
-    # ---- data and model, before the processes start (a missing dataset or a bad size fails once): uint8 tensors in
-    # memory or ImageFolders read lazily; the crops are cut on the device
+    # ---- data and model, before out_dir is touched (a missing dataset or a bad size moves no earlier run aside):
+    # uint8 tensors in memory or ImageFolders read lazily; the crops are cut on the device
+    common.launch_processes(cpu_procs, device)
     data = (folders.imagefolder_squares(data_dir, imagefolder_base) if dataset == "imagefolder"
             else images.load_images(dataset, data_dir))
     x_train = data["train"] if dataset == "imagefolder" else data["train"][0]
@@ -284,7 +285,7 @@ if __name__ == "__main__":
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
         common.finished_run(out_dir, ckpt["step"], max_iters, "epochs")
     rank, local_rank, world, run_device = common.start_processes(
-        out_dir, resume, cpu_procs, device, oom_advice=f"in the run {out_dir} at {batch_size} images per step, "
+        out_dir, resume, device, oom_advice=f"in the run {out_dir} at {batch_size} images per step, "
         f"{2 + local_crops} crops each: lower --batch_size or --local_crops (no gradient accumulation here)")
     master = rank == 0
     device_type = run_device.split(":")[0]

@@ -219,12 +219,13 @@ if __name__ == "__main__":
                          f"{ckpt['model_config']['block_size']} (its rotary embeddings end there)")
     common.check_compile(compile_model, common.resolve_device(device))
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
+    common.launch_processes(cpu_procs, device)
     meta = text.load_meta(data_dir, dataset)  # the vocabulary: a missing dataset fails before out_dir is touched
     model_config = common.config_from_options(config, "gpt", vocab_size=text.model_vocab_size(meta["vocab_size"]))
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
         common.finished_run(out_dir, ckpt["step"], max_iters, "max_iters")
     rank, local_rank, world, run_device = common.start_processes(
-        out_dir, resume, cpu_procs, device, oom_advice=f"in the run {out_dir} at {batch_size} sequences of {block_size} "
+        out_dir, resume, device, oom_advice=f"in the run {out_dir} at {batch_size} sequences of {block_size} "
         f"tokens per process and micro-step: lower --batch_size (--total_batch_size keeps the global batch)")
     master = rank == 0
     torch.manual_seed(seed)

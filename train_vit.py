@@ -213,9 +213,11 @@ if __name__ == "__main__":
         choices=dict(dataset=images.DATASETS + ("imagefolder",)))
     common.check_compile(compile_model, common.resolve_device(device))
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
+    common.launch_processes(cpu_procs, device)
 
-    # ---- data, read before the processes start (a missing dataset fails once): small datasets as uint8 tensors,
-    # moved to the device below; image folders are decoded by DataLoader workers, which also crop and flip
+    # ---- data, read before out_dir is touched (a missing dataset fails without moving an earlier run aside): small
+    # datasets as uint8 tensors, moved to the device below; image folders are decoded by DataLoader workers, which
+    # also crop and flip
     if dataset == "imagefolder":
         resolution = img_size or 224  # the model's image side
         train_set, val_set = folders.imagefolder_datasets(data_dir, resolution, hflip=hflip, rand_augment=rand_augment,
@@ -246,7 +248,7 @@ if __name__ == "__main__":
     if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
         common.finished_run(out_dir, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs")
     rank, local_rank, world, run_device = common.start_processes(
-        out_dir, resume, cpu_procs, device, oom_advice=f"in the run {out_dir} at {batch_size} images per process and "
+        out_dir, resume, device, oom_advice=f"in the run {out_dir} at {batch_size} images per process and "
         f"micro-step: lower --batch_size and raise --grad_accum as much to keep the global batch")
     master = rank == 0
     device_type = run_device.split(":")[0]

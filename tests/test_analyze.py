@@ -579,6 +579,7 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
                  "rho of attention heads (mean)": sum(analyze.head_means(res["heads"])["attention"]) / 2}
 
 
+@pytest.mark.slow
 def test_mean_pooling_measures_the_pooled_tokens_once(tmp_path, fashion_dir, figure_texts):
     """Mean pooling of the patch tokens: the pooled features are the token means, so one ETF panel of them (and one of
     single tokens) and one set of NC rows, which say so; with --tokens=all the token means include the CLS token."""
@@ -641,6 +642,7 @@ def tiny_token_data(tmp_path):
     return str(tmp_path / "data")
 
 
+@pytest.mark.slow
 def test_end_to_end_gpt(tmp_path, capsys):
     data_dir = tiny_token_data(tmp_path)
     run = make_run(tmp_path / "gpt", "gpt", n_lap=[0, 4], dataset="tiny", data_dir=data_dir, block_size=32,
@@ -676,6 +678,7 @@ def test_end_to_end_gpt(tmp_path, capsys):
         run_analyze(make_run(tmp_path / "gpt2", "gpt", dataset="nowhere", data_dir=data_dir))
 
 
+@pytest.mark.slow
 def test_a_loose_checkpoint_is_analysed_beside_it_under_its_own_name(tmp_path, capsys, figure_texts):
     """python analyze.py out/x.pt writes out/x-analysis/ and calls the run x (a run's ckpt.pt: RUN/analysis, RUN)."""
     run = make_run(tmp_path / "gpt", "gpt", dataset="tiny", data_dir=tiny_token_data(tmp_path), block_size=32)
@@ -687,6 +690,7 @@ def test_a_loose_checkpoint_is_analysed_beside_it_under_its_own_name(tmp_path, c
     assert (tmp_path / "x-analysis" / "summary.md").read_text().startswith(f"# {tmp_path / 'x.pt'}: gpt, n_lap = 0")
 
 
+@pytest.mark.slow
 def test_end_to_end_dino(tmp_path, fashion_dir, capsys):
     run = make_run(tmp_path / "dino", "dino", n_lap=4, dataset="fashion_mnist", data_dir=fashion_dir)
     run_analyze(run, "--max_samples=30", "--map_images=6", f"--out={tmp_path / 'o'}")

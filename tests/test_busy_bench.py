@@ -85,6 +85,7 @@ def test_two_trees_interleaved_with_a_busy_loop(tmp_path):
     assert rows["analyze", new]["unit"] == "samples/s"  # and a busy loop left running would show in a later alone run
 
 
+@pytest.mark.slow
 def test_bad_options(tmp_path):
     for options, message in (((ROOT, "gpt,bert", 1), "--scripts='gpt,bert': choose among vit,gpt,dino,analyze"),
                              ((str(tmp_path), "gpt", 1), f"{tmp_path} holds no nanolap code"),

@@ -129,6 +129,7 @@ def test_gpt_float16_step_equals_the_unscaled_step_and_skips_an_overflow():
         train_gpt.optimizer_step(optimizers, torch.amp.GradScaler("cpu", enabled=False), model.parameters(), 1.0, 3)
 
 
+@pytest.mark.slow
 def test_train_gpt_trains_in_float16_on_the_cpu(data_dir, tmp_path, capsys):
     argv = sys.argv
     sys.argv = ["train_gpt.py", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
@@ -212,6 +213,7 @@ def test_a_bfloat16_checkpoint_resumes_in_float16(data_dir, tmp_path, script, ar
     assert common.load_checkpoint(str(tmp_path / "ckpt.pt"))["scaler"]["scale"] > 0  # float16's scaler took over
 
 
+@pytest.mark.slow
 def test_a_shape_bug_in_a_models_forward_shows_its_traceback(tmp_path):
     bug = "def forward(self, img, explicit=False):\n    return self.head(img.flatten(1))  # a student's shape bug\n" \
           "nanolap.ViT.forward = forward"
@@ -264,7 +266,7 @@ def test_processes_that_cannot_start_end_in_one_line_saying_what_to_do(tmp_path)
         "    raise RuntimeError('The server socket has failed to listen on any local network address.\\nmore')\n"
         "torchrun.run = no_rendezvous\n"
         "common.configure({'__file__': __file__, '__doc__': ''}, [])\n"
-        "common.start_processes('out', False, 2, 'cpu')\n")
+        "common.launch_processes(2, 'cpu')\n")
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 1 and done.stdout == ""

@@ -522,6 +522,7 @@ def test_unused_sizes_are_not_checked(tmp_path):
     assert r.returncode == 0 and "stopped at step 1 of 4" in r.stdout, r.stderr
 
 
+@pytest.mark.slow
 def test_augmentation_never_waits_for_the_device():
     """No host sync in the augmentation, shown without CUDA: the images live on the meta device (shapes, no values),
     and a read of a device tensor's value on the host (.item(), `if tensor`, float(tensor)) is counted. On a GPU each

@@ -23,6 +23,8 @@ from conftest import ENV, ROOT
 from gpu_check import Item
 from nanolap import make_config
 
+pytestmark = pytest.mark.slow  # the GPU's checks, planned and faked on the CPU
+
 H200 = ("NVIDIA H200", (9, 0), 139.0)  # name, compute capability, free GiB: what gpu_check.gpu_facts returns
 T4 = ("Tesla T4", (7, 5), 14.5)
 

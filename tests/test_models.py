@@ -170,6 +170,7 @@ def test_bf16_autocast_runs_on_cpu():
     assert model.blocks[0].attn.qkv.weight.grad is not None
 
 
+@pytest.mark.slow
 def test_compiled_equals_eager_and_checkpoint_round_trip(tmp_path):
     torch.manual_seed(0)
     model = randomise(build_model(make_config("gpt-tiny", n_lap=[0, 4, 2, 1], vocab_size=30)), std=0.1).eval()

@@ -349,5 +349,5 @@ def test_a_cuda_run_allows_tf32(monkeypatch, tmp_path):
     monkeypatch.setattr(common, "setup_distributed", lambda device: (0, 0, 1, "cuda"))
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # put back after the test
     with float32_matmuls():
-        common.start_processes(str(tmp_path / "run"), False, 1, "cuda")
+        common.start_processes(str(tmp_path / "run"), False, "cuda")
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
