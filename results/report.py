@@ -652,7 +652,7 @@ def fig_etf_means(panels, path):
     units of its mean radius, with the triangle where Neural Collapse puts them. The means alone cannot show the
     spread around them: the titles give the vertex distance (the points' mean distance to their vertex, in radii)."""
     plt = analyze.pyplot()
-    fig, axes = plt.subplots(2, len(panels), figsize=(3.0 * len(panels), 6.2), squeeze=False)
+    fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels), 7.2), squeeze=False)
     triangle = analyze.TRIANGLE.T
     for column, (name, groups) in zip(axes.T, panels):
         for ax, (n_lap, runs) in zip(column, groups):
@@ -664,8 +664,9 @@ def fig_etf_means(panels, path):
                     ax.scatter(*mean.tolist(), s=20, color=plt.cm.tab10(k), label=f"class {r['etf']['classes'][k]}")
                     ax.scatter(*row.tolist(), s=30, marker="x", color=plt.cm.tab10(k))
             distance = stats.mean_std(r["etf"]["pooled"]["vertex_dist"] for r in runs)
-            ax.set(title=f"{name}, n_lap={n_lap}\nvertex distance {_ms(distance)}", aspect="equal", xlim=(-1.25, 1.25),
-                   ylim=(-0.8, 1.2), xlabel="first axis of the classifier rows' plane", ylabel="second axis")
+            ax.set(aspect="equal", xlim=(-1.25, 1.25), ylim=(-0.8, 1.2), xlabel="classifier rows' plane: axis 1",
+                   ylabel="axis 2")
+            ax.set_title(f"{name}, n_lap={n_lap}\nvertex distance {_ms(distance)}", fontsize=9)
             ax.grid(alpha=0.3)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     axes[0, 0].legend(handles[:3], labels[:3], fontsize=7)  # the three classes, once
