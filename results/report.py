@@ -36,7 +36,7 @@ results = os.path.dirname(os.path.abspath(__file__))  # the sweep's folder of <s
 
 # ---------------------------------------------------------------- constants
 # Runs record the machine they trained on (result.txt's machine=); for the sweep's runs made before they did, this
-# file of the results folder says which machine trained which run ("set/run" patterns), from the sessions' records
+# file of the results folder says which machine trained which run ("set/run" patterns), from the commits and logs
 MACHINES = "machines.json"
 # the end metrics of a run's result.txt; the first is the headline figure's
 END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
