@@ -442,9 +442,9 @@ def read_result(run_dir):
     return parse_result(open(path).read()) if os.path.isfile(path) else {}
 
 def check_finite(loss, step):
-    """Stop before the optimiser step when the loss is NaN or inf."""
+    """Stop before the optimizer step when the loss is NaN or inf."""
     if not math.isfinite(float(loss)):
-        raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: stopped before the optimiser step. "
+        raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: stopped before the optimizer step. "
                                  f"Try a lower learning rate or --grad_clip.")
 
 def format_time(seconds):

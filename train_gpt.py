@@ -33,7 +33,7 @@ import math
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
@@ -219,9 +219,10 @@ if __name__ == "__main__":
                          f"{ckpt['model_config']['block_size']} (its rotary embeddings end there)")
     common.check_compile(compile_model, common.resolve_device(device))
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
+    model_config = common.config_from_options(config, "gpt")  # the model options; the vocabulary comes with the data
     common.launch_processes(cpu_procs, device)
-    meta = text.load_meta(data_dir, dataset)  # the vocabulary: a missing dataset fails before out_dir is touched
-    model_config = common.config_from_options(config, "gpt", vocab_size=text.model_vocab_size(meta["vocab_size"]))
+    meta = text.load_meta(data_dir, dataset)  # a missing dataset fails before out_dir is touched
+    model_config = replace(model_config, vocab_size=text.model_vocab_size(meta["vocab_size"]))
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
         common.finished_run(out_dir, ckpt["step"], max_iters, "max_iters")
     rank, local_rank, world, run_device = common.start_processes(

@@ -559,11 +559,12 @@ def test_augmentation_never_waits_for_the_device():
 
 @pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run_before_its_next_checkpoint(tmp_path):
-    """The losses are read from the device at progress lines and evaluations, not every step: a NaN still stops the
-    run in one line, at the first read after it, and the checkpoint of step 0 stays as it was (finite)."""
+    """A NaN loss stops the run in one line before the optimizer step that would spread it into the weights, and the
+    checkpoint of step 0 stays as it was (finite)."""
     r = run(SCRIPT, *TINY, "--lr=1e38", "--log_interval=3", "--eval_interval=6", "--epochs=2", f"--out_dir={tmp_path}")
     assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert re.match(r"error: non-finite loss nan at step [0-2]: stopping at step 3; the last checkpoint is intact", r.stderr)
+    assert re.match(r"error: non-finite loss nan at step [1-5]: stopped before the optimizer step\. .*; the last "
+                    r"checkpoint is intact: continue with --resume", r.stderr), r.stderr
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert ckpt["step"] == 0 and all(torch.isfinite(v).all() for v in ckpt["student"].values())
 
