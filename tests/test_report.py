@@ -437,6 +437,17 @@ def test_committed_summary_is_the_report_of_the_committed_artefacts(tmp_path):
             assert (tmp_path / f).read_bytes() == png.read(), f
 
 
+def test_results_md_quotes_the_verdict_of_summary_md():
+    """RESULTS.md's verdict tables are results/summary.md's, row for row and digit for digit: a report run on new
+    artefacts without RESULTS.md following it fails here."""
+    def verdict_rows(path):
+        with open(os.path.join(ROOT, path)) as f:
+            section = f.read().split("\n## Verdict")[1].split("\n## ")[0]
+        return [line for line in section.splitlines() if line.startswith("|")]
+    quoted = verdict_rows("RESULTS.md")
+    assert len(quoted) >= 2 + 20 and quoted == verdict_rows("results/summary.md")
+
+
 def test_headline_figure(tmp_path, figure_texts):
     """A column per paradigm present (vit, gpt, dino order), the headline metric on top and the within-sequence share
     (GPT: within-class share of next-token classes) below; a ViT set of the same recipe at another length is a series
