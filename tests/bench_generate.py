@@ -31,7 +31,7 @@ vocab_size = 65  # the character vocabulary of tinyshakespeare
 temperature = 0.8  # train_gpt.py's sampling
 top_k = 200  # train_gpt.py's sampling
 device = "cpu"  # cpu, cuda, cuda:N or mps (auto: the first there is)
-out_dir = "."  # result.txt goes here
+out_dir = "out-benchmark"  # result.txt goes here
 
 
 def sample_seconds(model, prompt, new_tokens, use_cache):
@@ -72,5 +72,6 @@ if __name__ == "__main__":
     ratio = statistics.median_high([t[False] / t[True] for t in times])
     print(f"median of {rounds} interleaved rounds: cached {cached:,.0f} tok/s, recomputed {recomputed:,.0f} tok/s, "
           f"ratio {ratio:.2f}; the same tokens: {same}")
+    os.makedirs(out_dir, exist_ok=True)
     write_result(out_dir, cached_tok_s=f"{cached:.0f}", recomputed_tok_s=f"{recomputed:.0f}", ratio=f"{ratio:.2f}",
                  same_tokens=same)

@@ -29,7 +29,7 @@ seq_len = 256  # tokens per sequence
 explicit_len = 1024  # sequence length of the fused-vs-explicit comparison (the explicit path is O(T^2) memory)
 compile_model = True  # also time torch.compile'd models
 device = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps
-out_dir = "."  # result.txt goes here
+out_dir = "out-benchmark"  # result.txt goes here
 
 
 def time_step(model, idx, repeats):
@@ -89,4 +89,5 @@ if __name__ == "__main__":
     results = dict(max_err=f"{max(errors):.3g}", lap_overhead=f"{rows[0][1]:.3f}", explicit_slowdown=f"{explicit / fused:.2f}")
     if compile_model:
         results["lap_overhead_compiled"] = f"{rows[1][1]:.3f}"
+    os.makedirs(out_dir, exist_ok=True)
     write_result(out_dir, **results)
