@@ -51,8 +51,11 @@ class Background:
     """A script started in the background whose output lines are collected as they come."""
 
     def __init__(self, argv):
+        # Ctrl-C as a terminal delivers it: a shell's background job (`cmd &`, as CI may start pytest) passes on
+        # SIGINT ignored, and a Python started so never raises KeyboardInterrupt; its children start from the default
+        default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, preexec_fn=default_sigint)
         self.out, self.err = [], []
         self.readers = [threading.Thread(target=lambda s=s, lines=lines: lines.extend(s), daemon=True)
                         for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
