@@ -421,6 +421,7 @@ def write_result(out_dir, **values):
     """Print the run's last line `RESULT key=value ...` (floats: 4 decimals, lists: no spaces), kept in result.txt."""
     line = "RESULT " + " ".join(f"{k}={_result_value(v)}" for k, v in values.items())
     print(line + "\n", end="", flush=True)
+    os.makedirs(out_dir, exist_ok=True)  # a benchmark's out_dir may not exist yet
     with open(os.path.join(out_dir, RESULT), "w") as f:
         f.write(line + "\n")
 

@@ -72,6 +72,5 @@ if __name__ == "__main__":
     ratio = statistics.median_high([t[False] / t[True] for t in times])
     print(f"median of {rounds} interleaved rounds: cached {cached:,.0f} tok/s, recomputed {recomputed:,.0f} tok/s, "
           f"ratio {ratio:.2f}; the same tokens: {same}")
-    os.makedirs(out_dir, exist_ok=True)
     write_result(out_dir, cached_tok_s=f"{cached:.0f}", recomputed_tok_s=f"{recomputed:.0f}", ratio=f"{ratio:.2f}",
                  same_tokens=same)

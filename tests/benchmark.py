@@ -89,5 +89,4 @@ if __name__ == "__main__":
     results = dict(max_err=f"{max(errors):.3g}", lap_overhead=f"{rows[0][1]:.3f}", explicit_slowdown=f"{explicit / fused:.2f}")
     if compile_model:
         results["lap_overhead_compiled"] = f"{rows[1][1]:.3f}"
-    os.makedirs(out_dir, exist_ok=True)
     write_result(out_dir, **results)
