@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from collections import Counter
 
 import numpy as np
@@ -164,17 +165,24 @@ def test_the_default_plans_fit_the_deadline_on_an_h200_and_a_t4():
 
 
 def test_the_cost_run_compiles_only_what_its_measured_compile_times_leave_room_for(monkeypatch, capsys):
-    """A fake slow compile: every model takes 1 s to compile, while COMPILE_ESTIMATE said 0.1 s. The GPT's pair
-    (n_lap 0 and 3) fits and is timed; then the measured second makes the all-Laplacian GPT give way (the ViT's compiles
-    rank above it), and the ViT's n_lap = 6 no longer fits after its n_lap = 0. Every row says why."""
+    """A fake slow compile on a fake clock (each reading of it 1 ms later, so the outcome does not hang on this
+    machine's speed): every model takes 1 s to compile, while COMPILE_ESTIMATE said 0.1 s for the GPT, 0.4 s for the
+    ViT. The GPT's pair (n_lap 0 and 3) fits and is timed; then the measured second makes the all-Laplacian GPT give
+    way (1 + 3 x 0.4 s for it and the ViT's compiles, which rank above it, against 1.5 s left), and the ViT's
+    n_lap = 6 no longer fits after its n_lap = 0. Every row says why."""
     gpt = make_config("gpt-tiny", n_layer=1, n_embd=24, n_head=6, vocab_size=50, block_size=16)
     vit = make_config("vit-tiny", n_layer=1, n_embd=24, n_head=6, img_size=8, patch_size=4, num_classes=10)
     monkeypatch.setattr(gpu_check, "cost_cases", lambda free_gib: {
         "gpt tiny": (gpt, gpu_check.model_input(gpt, 2)), "vit tiny": (vit, gpu_check.model_input(vit, 2))})
-    monkeypatch.setattr(gpu_check, "COMPILE_ESTIMATE", {"gpt": 0.1, "vit": 0.1})
+    monkeypatch.setattr(gpu_check, "COMPILE_ESTIMATE", {"gpt": 0.1, "vit": 0.4})
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 0.001
+        return clock[0]
 
     class SlowCompile:
-        """What torch.compile returns, with a first call that takes 1 s."""
+        """What torch.compile returns, with a first call that takes 1 s of the fake clock."""
         def __init__(self, model):
             self.model = model
             self.calls = 0
@@ -182,16 +190,16 @@ def test_the_cost_run_compiles_only_what_its_measured_compile_times_leave_room_f
         def __call__(self, *args):
             self.calls += 1
             if self.calls == 1:
-                time.sleep(1.0)
+                clock[0] += 1.0
             return self.model(*args)
 
         def __getattr__(self, name):
             return getattr(self.model, name)
 
+    monkeypatch.setattr(gpu_check, "time", types.SimpleNamespace(perf_counter=perf_counter))
     monkeypatch.setattr(gpu_check.torch, "compile", SlowCompile)
-    t0 = time.perf_counter()
     gpu_check.cost_run(dict(seconds=3.5, device="cpu", dtype="float32", free_gib=None, rounds=1, repeats=1,
-                            compile_s={}), start=t0)
+                            compile_s={}), start=0.0)
     out = capsys.readouterr().out
     rows = {r["check"]: r for r in (json.loads(line[len(gpu_check.ROW_MARK):]) for line in out.splitlines()
                                     if line.startswith(gpu_check.ROW_MARK))}
