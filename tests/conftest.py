@@ -1,10 +1,11 @@
 """Test set-up shared by every test file: the repo root on sys.path, idle OpenMP threads that sleep instead of
 spinning (on a busy 2-core machine spinning threads steal the cores they wait for), and the helpers the test files
-share (`from conftest import ROOT, ENV, run, result, randomise, float32_matmuls`; the `data_dir`
+share (`from conftest import ROOT, ENV, run, run_here, result, randomise, float32_matmuls`; the `data_dir`
 fixture)."""
 
 import os
 import random
+import runpy
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -44,6 +45,21 @@ def torchrun_with(prelude, script, *args, nprocs=2, timeout=300):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}", "--no-python",
            sys.executable, "-c", code, *args]
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def run_here(script, *args):
+    """`python script args` in this process (its run section, as __main__); returns its globals. What a run sets for
+    the whole process goes back as it was, also when the run fails: sys.argv, the exception hook (the scripts print
+    bad input in one line through it) and the TF32 flags of a CUDA run. For errors met before any training: a shell's
+    `error: ...` line is the raised UsageError's (or OSError's) message."""
+    argv, hook = sys.argv, sys.excepthook
+    sys.argv = [script, *args]
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        return runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    finally:
+        sys.argv, sys.excepthook = argv, hook
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 # every process's group gives up on a peer after 5 s, and the first process's last work takes 8 s

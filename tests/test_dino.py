@@ -18,7 +18,7 @@ import common
 import probes
 import train_dino as td
 from common import load_checkpoint
-from conftest import ENV, ROOT, SHORT_GROUP_TIMEOUT, result, run, torchrun_with
+from conftest import ENV, ROOT, SHORT_GROUP_TIMEOUT, result, run, run_here, torchrun_with
 from data import augment, images
 from nanolap import Config, DINOHead, ViT, make_config
 
@@ -494,21 +494,28 @@ BAD_INPUTS = [
     (["--jitter_p=1.5"], "--jitter_p=1.5: must lie in [0, 1]"),
     (["--train_limit=100"], "unknown option --train_limit"),  # the old name of --train_subset
     (["--clip_grad=1.0"], "unknown option --clip_grad"),  # the old name of --grad_clip
-    (["--cpu_procs=3"], "--batch_size=64 is not divisible by the 3 processes"),
-    # met after the data loads, in every process: one process here, since with two nanolap's launcher may stop
-    # the first (the one that speaks) when the second exits first
-    (["--dataset=imagefolder", "--data_dir=/nonexistent", "--cpu_procs=1"], "/nonexistent/train is not a directory"),
-    (["--train_subset=100", "--batch_size=128", "--cpu_procs=1"], "--batch_size=128 is larger than the 100 training images"),
+    (["--dataset=imagefolder", "--data_dir=/nonexistent"], "/nonexistent/train is not a directory"),
+    (["--train_subset=100", "--batch_size=128"], "--batch_size=128 is larger than the 100 training images"),
 ] + ([] if torch.cuda.is_available() else [(["--device=cuda"], "--device=cuda: this machine has no CUDA device")])
 
 
+@pytest.mark.parametrize("args, message", BAD_INPUTS)
+def test_bad_inputs_give_clear_errors(args, message, tmp_path):
+    """In this process, with one CPU process; a shell shows `error: <message>`."""
+    with pytest.raises((common.UsageError, OSError), match=re.escape(message)):
+        run_here(SCRIPT, f"--out_dir={tmp_path}", "--cpu_procs=1", *args)
+
+
 @pytest.mark.slow
-def test_bad_inputs_give_clear_one_line_errors(tmp_path):
-    """Every case in its own process (two for the data errors: --cpu_procs=2), all at once."""
-    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train_dino.py"), f"--out_dir={tmp_path / str(i)}",
-                               *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, (args, _) in enumerate(BAD_INPUTS)]  # a case may name its own out_dir: it comes later
-    for p, (args, message) in zip(procs, BAD_INPUTS):
+def test_bad_inputs_give_one_line_in_a_shell(tmp_path):
+    """As a user meets them: one line `error: ...`, no traceback; before the processes start, and met in each of three
+    CPU processes, of which only the first speaks. Both at once."""
+    cases = [(["--lr=fast"], "--lr='fast' has type str"),
+             (["--cpu_procs=3"], "--batch_size=64 is not divisible by the 3 processes")]
+    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, SCRIPT), f"--out_dir={tmp_path / str(i)}", *args],
+                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, (args, _) in enumerate(cases)]
+    for p, (args, message) in zip(procs, cases):
         _, err = p.communicate(timeout=180)
         assert p.returncode != 0, args
         assert message in err and len(err.strip().splitlines()) == 1 and err.startswith("error: "), (args, err)

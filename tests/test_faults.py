@@ -3,6 +3,7 @@ checkpoints, an out_dir that cannot be written, temporary files of killed saves,
 first checkpoint. Every script runs in its own process, on tiny settings; the tests poll the output and
 the folder, they never sleep for a fixed time. Slow tier: python -m pytest -q -m slow tests/test_faults.py"""
 
+import itertools
 import os
 import random
 import re
@@ -14,6 +15,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -263,24 +265,38 @@ def damage(path, how, real):
     return path
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("how", ["random", "truncated", "empty"])
-def test_damaged_checkpoints_fail_in_one_line(how, finished, data_dir, tmp_path):
-    """Every command that reads a checkpoint: exit status 1 and one line that names the file, says it is damaged
-    or truncated, and never advises weights_only=False (which would run whatever code the file holds)."""
-    for kind in KINDS:
+def test_a_damaged_checkpoint_is_refused_in_one_line(how, tmp_path):
+    """The one reader of checkpoints (common.load_checkpoint): a damaged file is named and called damaged or
+    truncated, never loaded with weights_only=False (which would run whatever code the file holds)."""
+    real = tmp_path / "real.pt"
+    common.save_checkpoint({"kind": "vit", "model": {"w": torch.randn(64, 64)}, "step": 3}, str(real))
+    path = damage(str(tmp_path / "run" / "ckpt.pt"), how, real.read_bytes())
+    with pytest.raises(common.UsageError) as e:
+        common.load_checkpoint(path, "--resume: ")
+    assert str(e.value).startswith(f"--resume: {path} cannot be read (") and "damaged or truncated" in str(e.value)
+    assert "weights_only" not in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_every_command_that_reads_a_checkpoint_refuses_a_damaged_one_in_one_line(finished, data_dir, tmp_path):
+    """As a user meets it, once per command (the kinds of damage in turn): exit status 1 and one line that names the
+    file and says it is damaged or truncated."""
+    hows = itertools.cycle(["random", "truncated", "empty"])
+    readers = {"vit": ["--resume", "analyze.py"], "gpt": ["--resume", "analyze.py", "--sample_from"],
+               "dino": ["--resume", "analyze.py", "--eval_only"]}
+    for kind, names in readers.items():
         real = open(os.path.join(finished[kind], "ckpt.pt"), "rb").read()
-        run_dir = copy_run(finished[kind], tmp_path / kind)
-        path = damage(os.path.join(run_dir, "ckpt.pt"), how, real)
-        for argv in (command(kind, data_dir, "--resume", f"--out_dir={run_dir}"), ["analyze.py", run_dir]):
-            rc, out, err = run(argv)
+        for name in names:
+            run_dir = copy_run(finished[kind], tmp_path / f"{kind}{name}")
+            path = damage(os.path.join(run_dir, "ckpt.pt"), next(hows), real)
+            argv = {"--resume": command(kind, data_dir, "--resume", f"--out_dir={run_dir}"),
+                    "analyze.py": ["analyze.py", run_dir],
+                    "--sample_from": ["train_gpt.py", f"--sample_from={path}", "--device=cpu"],
+                    "--eval_only": command(kind, data_dir, f"--eval_only={path}", f"--out_dir={tmp_path / 'probes'}")}
+            rc, out, err = run(argv[name])
             assert_one_line_error(rc, out, err, path, "damaged or truncated")
-        if kind == "gpt":
-            rc, out, err = run(["train_gpt.py", f"--sample_from={path}", "--device=cpu"])
-            assert_one_line_error(rc, out, err, "--sample_from:", path, "damaged or truncated")
-        if kind == "dino":
-            rc, out, err = run(command("dino", data_dir, f"--eval_only={path}", f"--out_dir={tmp_path / 'probes'}"))
-            assert_one_line_error(rc, out, err, "--eval_only:", path, "damaged or truncated")
+            assert name == "analyze.py" or err.startswith(f"error: {name}: "), err
 
 
 @pytest.mark.slow
@@ -299,14 +315,14 @@ def test_gpt_resume_skips_a_cut_last_log_line(finished, data_dir, tmp_path):
 # ----------------------------------------------------------------------------- an out_dir that cannot be written
 
 @pytest.mark.slow
-@pytest.mark.parametrize("procs", [1, 2])
 @pytest.mark.parametrize("kind", KINDS)
-def test_unwritable_out_dir_fails_in_one_line_before_training(kind, procs, data_dir, tmp_path):
+def test_unwritable_out_dir_fails_in_one_line_before_training(kind, data_dir, tmp_path):
     """We run as root, and root writes into a folder whatever its mode, so chmod cannot make an out_dir read-only
-    here: /proc refuses new folders, and a folder cannot be made inside a regular file. The check runs before
-    any process starts, so with --cpu_procs=2 too there is one line and no gloo noise from a lost peer."""
+    here: /proc refuses new folders (one process), and a folder cannot be made inside a regular file (two processes).
+    The check runs before any process starts, so with --cpu_procs=2 too there is one line and no gloo noise from a
+    lost peer."""
     (tmp_path / "a_file").write_text("not a folder")
-    for bad in ("/proc/nope", str(tmp_path / "a_file" / "sub")):
+    for bad, procs in (("/proc/nope", 1), (str(tmp_path / "a_file" / "sub"), 2)):
         rc, out, err = run(command(kind, data_dir, f"--cpu_procs={procs}", f"--out_dir={bad}"))
         assert_one_line_error(rc, out, err, f"--out_dir={bad}")
         assert not PROGRESS.search(out), out

@@ -9,7 +9,6 @@ import math
 import os
 import random
 import re
-import runpy
 import subprocess
 import sys
 import tarfile
@@ -26,7 +25,7 @@ sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import train_gpt  # noqa: E402
 from common import UsageError, load_checkpoint, save_checkpoint  # noqa: E402
-from conftest import SHORT_GROUP_TIMEOUT, result, torchrun_with  # noqa: E402
+from conftest import SHORT_GROUP_TIMEOUT, result, run_here, torchrun_with  # noqa: E402
 from data import text  # noqa: E402
 from nanolap import Config, build_model, make_config  # noqa: E402
 
@@ -85,16 +84,8 @@ def run(args, script=SCRIPT, timeout=180):
 
 
 def train(args):
-    """`python train_gpt.py args` in this process (its run section, as __main__); returns its globals. The process-wide
-    TF32 flags that a CUDA run sets go back as they were, also when the run fails."""
-    argv = sys.argv
-    sys.argv = [SCRIPT] + args
-    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    try:
-        return runpy.run_path(SCRIPT, run_name="__main__")
-    finally:
-        sys.argv = argv
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    """`python train_gpt.py args` in this process (conftest.run_here); returns its globals."""
+    return run_here(SCRIPT, *args)
 
 
 

@@ -17,7 +17,7 @@ import common
 import nanolap
 import train_vit
 from common import load_checkpoint, load_model
-from conftest import ENV, ROOT, result, run
+from conftest import ENV, ROOT, result, run, run_here
 import data
 from data import augment, folders, images
 
@@ -458,34 +458,44 @@ def test_spawned_processes_stop_together_on_error(tmp_path):
     p = run(SCRIPT, *PLAIN, "--cpu_procs=2", "--lr=1e999", f"--out_dir={tmp_path}", timeout=60)
     assert p.returncode != 0 and "error: non-finite loss" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
-# ----------------------------------------------------------------------------- slow: bad input in one line
+# ----------------------------------------------------------------------------- bad input in one line
+
+BAD_INPUTS = {  # checked in this process with one CPU process (the shell cases below show the line itself)
+    "unknown dataset": (["--dataset=mnist"], "--dataset='mnist': choose one of fashion_mnist, cifar10"),
+    "wrong path": (["--dataset=imagefolder", "--data_dir=/nonexistent/nowhere"], "is not a directory"),
+    "n_lap > n_head": (["--dataset=synthetic", "--n_lap=5"], "at most n_head=4 Laplacian heads"),
+    "per-layer list length": (["--dataset=synthetic", "--n_lap=[1,2]"], "has 2 entries but n_layer=4"),
+    "wrong type": (["--lr=fast"], "--lr='fast' has type str, expected float"),
+    "unknown key": (["--learning_rate=0.1"], "unknown option --learning_rate"),
+    "old option name": (["--compile=True"], "unknown option --compile"),
+    "resume without checkpoint": (["--out_dir=/nonexistent/empty", "--resume"], "--resume: no checkpoint"),
+    "old optimizer option": (["--optimizer_name=lamb"], "unknown option --optimizer_name"),
+    "not a ViT preset": (["--dataset=synthetic", "--preset=gpt-tiny"], "--preset='gpt-tiny': choose one of"),
+    "erasing not a probability": (["--random_erasing=1.5"], "--random_erasing=1.5: must lie in [0, 1]"),
+    "no epochs": (["--epochs=0"], "--epochs=0: must be at least 1"),
+    "batch too large": (["--dataset=synthetic", "--train_subset=8"], "is larger than the 8 training images"),
+    "bad dtype": (["--dataset=synthetic", "--dtype=half"], "--dtype='half': choose auto"),
+    "bad device": (["--device=tpu"], "--device='tpu': choose auto, cpu"),
+}
+if not torch.cuda.is_available():
+    BAD_INPUTS["cuda without CUDA"] = (["--device=cuda"], "--device=cuda: this machine has no CUDA device")
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_input_messages(name, tmp_path):
+    args, message = BAD_INPUTS[name]
+    with pytest.raises((common.UsageError, OSError), match=re.escape(message)):  # `error: <message>` in a shell
+        run_here(SCRIPT, f"--out_dir={tmp_path}/o", "--cpu_procs=1", *args)
 
 
 @pytest.mark.slow
-def test_bad_input_messages(tmp_path):
-    # errors met after the launch: in the default two CPU processes, where only rank 0 may speak, and in one
-    one = "--cpu_procs=1"
-    cases = {
-        "unknown dataset": (["--dataset=mnist"], "--dataset='mnist': choose one of fashion_mnist, cifar10"),
-        "wrong path": (["--dataset=imagefolder", f"--data_dir={tmp_path}/nowhere"], "is not a directory"),
-        "n_lap > n_head": (["--dataset=synthetic", "--n_lap=5"], "at most n_head=4 Laplacian heads"),
-        "per-layer list length": ([one, "--dataset=synthetic", "--n_lap=[1,2]"], "has 2 entries but n_layer=4"),
-        "wrong type": (["--lr=fast"], "--lr='fast' has type str, expected float"),
-        "unknown key": (["--learning_rate=0.1"], "unknown option --learning_rate"),
-        "old option name": (["--compile=True"], "unknown option --compile"),
-        "resume without checkpoint": ([f"--out_dir={tmp_path}/empty", "--resume"], "--resume: no checkpoint"),
-        "old optimizer option": (["--optimizer_name=lamb"], "unknown option --optimizer_name"),
-        "not a ViT preset": ([one, "--dataset=synthetic", "--preset=gpt-tiny"], "--preset='gpt-tiny': choose one of"),
-        "erasing not a probability": (["--random_erasing=1.5"], "--random_erasing=1.5: must lie in [0, 1]"),
-        "no epochs": (["--epochs=0"], "--epochs=0: must be at least 1"),
-        "batch too large": (["--dataset=synthetic", "--train_subset=8"], "is larger than the 8 training images"),
-        "bad dtype": ([one, "--dataset=synthetic", "--dtype=half"], "--dtype='half': choose auto"),
-        "bad device": (["--device=tpu"], "--device='tpu': choose auto, cpu"),
-        "unwritable out_dir": ([one, f"--out_dir={tmp_path}/file/sub"], "cannot be written"),
-    }
-    if not torch.cuda.is_available():
-        cases["cuda without CUDA"] = (["--device=cuda"], "--device=cuda: this machine has no CUDA device")
+def test_bad_input_gives_one_line_in_a_shell(tmp_path):
+    """As a user meets it: one line `error: ...`, no traceback. Before the processes start, in a folder that cannot
+    be written, and met in both of the default two CPU processes, of which only the first speaks."""
     (tmp_path / "file").write_text("not a folder")
+    cases = {"wrong type": (["--lr=fast"], "--lr='fast' has type str, expected float"),
+             "unwritable out_dir": (["--cpu_procs=1", f"--out_dir={tmp_path}/file/sub"], "cannot be written"),
+             "in two processes": (["--dataset=imagefolder", f"--data_dir={tmp_path}/nowhere"], "is not a directory")}
     procs = {name: subprocess.Popen([sys.executable, "train_vit.py", f"--out_dir={tmp_path}/o", *args], cwd=ROOT,
                                     env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name, (args, _) in cases.items()}  # in parallel: each one mostly waits for `import torch`
@@ -493,7 +503,8 @@ def test_bad_input_messages(tmp_path):
         out, err = procs[name].communicate(timeout=120)
         assert procs[name].returncode == 1, f"{name}: should fail with status 1, got {procs[name].returncode}"
         assert message in err and err.startswith("error: ") and "Traceback" not in err, f"{name}: {err!r}"
-        assert len(err.strip().splitlines()) <= 2, f"{name}: one message, not one per process: {err!r}"
+        assert len(err.strip().splitlines()) == 1, f"{name}: one message, not one per process: {err!r}"
+
 
 def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
     """Without Fashion-MNIST on disk, the fallback download must fail in one error when the server goes silent (a
