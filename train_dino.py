@@ -347,6 +347,8 @@ if __name__ == "__main__":
     # ---- training loop
     pixels_knn = probes.knn_eval(None, eval_sets, k=knn_k, temp=knn_temp, **probe) if master else None
     t_start = t_last = time.time()
+    if ckpt is not None:
+        t_start -= ckpt["seconds"]  # a run's seconds count its earlier pieces too, as train_gpt.py's do
     step = start_step
     batches = None
     images_seen = 0  # the log window: since the last progress line
@@ -377,7 +379,7 @@ if __name__ == "__main__":
                     student=common.clean_state_dict(student.state_dict()),
                     teacher=common.clean_state_dict(teacher.state_dict()), center=center.cpu(), step=step,
                     optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=step / steps_per_epoch,
-                    rng=rngs, knn_acc_init=knn_init), ckpt_path)
+                    rng=rngs, knn_acc_init=knn_init, seconds=time.time() - t_start), ckpt_path)
             t_last += time.time() - t0  # evaluation time does not count against img/s
         if step >= end_step:
             break

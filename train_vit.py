@@ -289,6 +289,7 @@ if __name__ == "__main__":
         best_acc = ckpt["best_val_acc"]
         val_acc = ckpt["val_acc"]
         val_loss = ckpt["val_loss"]
+        t_start -= ckpt["seconds"]  # a run's seconds count its earlier pieces too, as train_gpt.py's do
         common.set_rng_state(ckpt["rng"])
     # raw_model: the module (its weights, checkpoints); model: compiled or not, what trains and evaluates;
     # ddp_model: model with DDP's gradient averaging around it (several processes), what the training step calls
@@ -390,7 +391,8 @@ if __name__ == "__main__":
                 kind="vit", model_config=asdict(model_config), model=raw_model.state_dict(), config=config,
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), step=step, epoch=step // steps_per_epoch,
                 steps_per_epoch=steps_per_epoch, best_val_acc=best_acc, val_acc=val_acc, val_loss=val_loss,
-                rng=common.rng_state(), classes=list(classes), mean=mean.flatten().tolist(), std=std.flatten().tolist()),
+                seconds=time.time() - t_start, rng=common.rng_state(), classes=list(classes),
+                mean=mean.flatten().tolist(), std=std.flatten().tolist()),
                 os.path.join(out_dir, common.CHECKPOINT))
         if stopped:
             print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")

@@ -377,6 +377,8 @@ def test_resume_equals_uninterrupted_run_and_last_layer_freeze(tmp_path):
     b4 = run(SCRIPT, "--stop_at_step=4", "--resume", f"--out_dir={part}")
     assert b4.returncode == 0, b4.stderr
     at_4 = load_checkpoint(str(part / "ckpt.pt"))
+    assert 0 < at_4["seconds"] < 1000
+    common.save_checkpoint({**at_4, "seconds": 1000.0}, str(part / "ckpt.pt"))  # as if the first pieces took 1000 s
     b8 = run(SCRIPT, "--resume", f"--out_dir={part}")
     assert b8.returncode == 0, b8.stderr
     assert "resumed from" in b8.stdout and "RESULT" in b8.stdout and "RESULT" in a.stdout
@@ -387,6 +389,7 @@ def test_resume_equals_uninterrupted_run_and_last_layer_freeze(tmp_path):
     assert sorted(la) == list(range(1, 9)) and sorted(l1) == [1] and sorted(l4) == [2, 3, 4] and sorted(l8) == [5, 6, 7, 8]
     assert la == {**l1, **l4, **l8}
     assert result(a.stdout)["knn_acc"] == result(b8.stdout)["knn_acc"]
+    assert float(result(b8.stdout)["seconds"]) >= 1000, "a resumed run's seconds count its earlier pieces"
     ca, cb = load_checkpoint(str(full / "ckpt.pt")), load_checkpoint(str(part / "ckpt.pt"))
     assert ca["step"] == cb["step"] == 8
     for key in ("student", "teacher", "model"):

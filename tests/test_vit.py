@@ -402,7 +402,9 @@ def test_resume_is_exact(heavy_run, tmp_path):
     out = tmp_path / "resumed"
     first = run(SCRIPT, *HEAVY, f"--out_dir={out}", "--stop_at_step=21", check=True)  # stops in the middle of epoch 2
     assert "RESULT" not in first.stdout and "stopped at step 21" in first.stdout
-    assert load_checkpoint(str(out / "ckpt.pt"))["step"] == 21
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["step"] == 21 and 0 < ckpt["seconds"] < 1000
+    common.save_checkpoint({**ckpt, "seconds": 1000.0}, str(out / "ckpt.pt"))  # as if the first piece took 1000 s
     # a resume that would change the steps per epoch, or the model, is refused in one line (and changes nothing)
     for args, message in ((["--batch_size=16"], "the checkpoint has 16 steps per epoch, this run 32"),
                           (["--n_lap=0"], "--resume continues a run exactly: it cannot change the model, data or schedule (--n_lap=0"),
@@ -413,6 +415,7 @@ def test_resume_is_exact(heavy_run, tmp_path):
     full, resumed = step_losses(stdout_full), {**step_losses(first.stdout), **step_losses(second.stdout)}
     assert len(full) == 32 and resumed == full, "a resumed run must repeat the uninterrupted losses exactly"
     assert result(second.stdout)["val_acc"] == result(stdout_full)["val_acc"]
+    assert float(result(second.stdout)["seconds"]) >= 1000, "a resumed run's seconds count its earlier pieces"
     a, b = load_checkpoint(str(out_full / "ckpt.pt")), load_checkpoint(str(out / "ckpt.pt"))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
