@@ -5,6 +5,7 @@ eager and compiled, plus the explicit path, which materialises P, against the fu
 
     python tests/benchmark.py                    # about 2.5 minutes on a 2-core CPU
     python tests/benchmark.py --compile_model=False --rounds=3
+    python tests/benchmark.py --control=True     # two identical n_lap = 0 models: what the ratio reads with no difference
 
 A Laplacian head adds one elementwise subtraction (V - P V) and no parameter or matmul, so the ratio
 should be 1 up to noise. On a shared machine single timings swing by more than that: read the median.
@@ -28,6 +29,7 @@ batch_size = 4  # sequences per timed forward+backward
 seq_len = 256  # tokens per sequence
 explicit_len = 1024  # sequence length of the fused-vs-explicit comparison (the explicit path is O(T^2) memory)
 compile_model = True  # also time torch.compile'd models
+control = False  # time n_lap = 0 against an identical second n_lap = 0 model: the ratio's own noise on this machine
 device = "auto"  # auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps
 out_dir = "out-benchmark"  # result.txt goes here
 
@@ -72,21 +74,23 @@ if __name__ == "__main__":
             errors.append((model.to(device)(x.to(device)) - model(x.to(device), explicit=True)).abs().max().item())
     print(f"fused vs explicit (I - P) V, per-layer n_lap [0, 1, 3, 4]: max abs difference {max(errors):.2e}")
     cfg = dict(n_layer=4, n_embd=256, n_head=8, vocab_size=512, block_size=max(seq_len, explicit_len))
-    models = [build_model(make_config("gpt-tiny", **cfg, n_lap=k)).to(device) for k in (0, 8)]
-    models[1].load_state_dict(models[0].state_dict())  # the same weights: only the head type differs
+    second = 0 if control else 8  # n_lap of the second model
+    models = [build_model(make_config("gpt-tiny", **cfg, n_lap=k)).to(device) for k in (0, second)]
+    models[1].load_state_dict(models[0].state_dict())  # the same weights: only the head type differs (or nothing)
     idx = torch.randint(0, 512, (batch_size, seq_len), device=device)
     rows = [("eager", *overhead(models, idx, rounds, repeats))]
     if compile_model:
         rows.append(("compiled", *overhead([torch.compile(m, fullgraph=True) for m in models], idx, rounds, repeats)))
     print(f"GPT 4L d256 8h, B={batch_size} T={seq_len}, forward+backward, median of {rounds} interleaved rounds:")
-    print(f"{'mode':<10}{'n_lap=0 ms':>12}{'n_lap=8 ms':>12}{'ratio':>8}")
+    print(f"{'mode':<10}{'n_lap=0 ms':>12}{f'n_lap={second} ms':>12}{'ratio':>8}")
     for mode, ratio, a, b in rows:
         print(f"{mode:<10}{a * 1e3:>12.1f}{b * 1e3:>12.1f}{ratio:>8.3f}")
     idx = torch.randint(0, 512, (2, explicit_len), device=device)
     explicit_model = functools.partial(models[1], explicit=True)
     fused, explicit = [(time_step(m, idx, 1), time_step(m, idx, 2))[1] for m in (models[1], explicit_model)]
     print(f"explicit path at T={explicit_len} (B=2): {explicit / fused:.2f}x the fused path")
-    results = dict(max_err=f"{max(errors):.3g}", lap_overhead=f"{rows[0][1]:.3f}", explicit_slowdown=f"{explicit / fused:.2f}")
+    key = "control_ratio" if control else "lap_overhead"
+    results = {"max_err": f"{max(errors):.3g}", key: f"{rows[0][1]:.3f}", "explicit_slowdown": f"{explicit / fused:.2f}"}
     if compile_model:
-        results["lap_overhead_compiled"] = f"{rows[1][1]:.3f}"
+        results[f"{key}_compiled"] = f"{rows[1][1]:.3f}"
     write_result(out_dir, **results)
