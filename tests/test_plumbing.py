@@ -8,6 +8,7 @@ import glob
 import math
 import os
 import random
+import subprocess
 import sys
 from dataclasses import asdict
 
@@ -16,6 +17,7 @@ import torch
 
 import common
 import nanolap
+from conftest import ROOT, ended_pid
 from nanolap import Config
 
 
@@ -205,7 +207,7 @@ def test_checkpoints_round_trip_plain_data(tmp_path, capsys):
 
 
 def test_save_checkpoint_removes_temp_files_of_killed_saves(tmp_path):
-    (tmp_path / "ckpt.pt.tmp12345").write_bytes(b"")  # what a save killed mid-write leaves
+    (tmp_path / f"ckpt.pt.tmp{ended_pid()}").write_bytes(b"")  # what a save killed mid-write leaves
     common.save_checkpoint({"step": 3}, str(tmp_path / "ckpt.pt"))
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
 
@@ -221,10 +223,22 @@ def test_atomic_write_writes_everything_or_nothing(tmp_path):
             f.write(b"half of the second")
             raise ValueError("the writer fails half-way")
     assert path.read_bytes() == b"first" and os.listdir(path.parent) == ["data.bin"]  # old file, no temporary left
-    (path.parent / "data.bin.tmp999").write_bytes(b"left by a killed write")
+    (path.parent / f"data.bin.tmp{ended_pid()}").write_bytes(b"left by a killed write")
     with common.atomic_write(str(path)) as f:
         f.write(b"third")
     assert path.read_bytes() == b"third" and os.listdir(path.parent) == ["data.bin"]
+
+
+def test_atomic_writes_of_two_processes_to_one_path_both_complete(tmp_path):
+    """Two runs that generate the same data at once: the second writer leaves the first one's temporary file alone."""
+    path = tmp_path / "data.bin"
+    with common.atomic_write(str(path)) as f:
+        f.write(b"first, still writing")
+        other = (f"import sys; sys.path.insert(0, {ROOT!r}); import common\n"
+                 f"with common.atomic_write({str(path)!r}) as f:\n    f.write(b'second')")
+        subprocess.run([sys.executable, "-c", other], check=True, timeout=60)
+        assert path.read_bytes() == b"second"
+    assert path.read_bytes() == b"first, still writing" and os.listdir(tmp_path) == ["data.bin"]
 
 
 @pytest.mark.parametrize("content, message", [
