@@ -9,8 +9,8 @@ Transformers by Smoothing Token Representations" (2026), defined precisely in th
 
 Each run directory (ckpt.pt and log.jsonl of a training script) is measured on its own evaluation data, into
 analysis.json, summary.md, PNG figures and a RESULT line: ANOVA of token variance and token cosine after every
-block, the within-sequence spectrum (all kinds), PCA, Neural Collapse and the simplex-ETF projection (vit),
-next-token-class ANOVA and NC1-NC2 (gpt), PCA feature maps (dino), and what every head does to the tokens.
+block, the within-sequence spectrum and the simplex-ETF projection (all kinds), the token PCA scatter and
+Neural Collapse (vit; gpt over next-token classes), PCA feature maps (dino), and what every head does to the tokens.
 Comparing analysed runs against n_lap, and the sweep's report, are results/report.py's (it needs no checkpoint).
 """
 
@@ -37,8 +37,8 @@ layer = -1  # tokens of the ANOVA, spectrum, PCA, GPT classes and DINO maps: -1 
 tokens = "patch"  # ViT/DINO tokens in sequence statistics: 'patch' (patch tokens only) or 'all' (with the CLS token)
 seq_len = 0  # GPT window length; 0 = the run's block_size
 n_targets = 20  # GPT: the most frequent next-token targets serve as classes (rare ones give noisy class means)
-etf_classes = [0, 1, 2]  # ViT: the three classes of the simplex-ETF projection
-pca_images = 32  # ViT: images whose tokens are drawn in the PCA scatter
+etf_classes = [0, 1, 2]  # ViT, DINO: the three classes of the simplex-ETF projection (GPT: its three most frequent targets)
+pca_images = 32  # ViT, GPT: images (text windows) whose tokens are drawn in the PCA scatter
 map_images = 8  # DINO: images shown next to their PCA feature maps
 device = "auto"  # auto = cuda, else cpu (the float64 statistics do not run on MPS); or cpu, cuda, cuda:N
 seed = 0  # which random subset of the validation split is analysed (the same subset for every run)
@@ -440,8 +440,8 @@ def head_means(heads):
 def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, batch_size, device):
     """Stream the statistics of images x (N, C, H, W) uint8, normalised as in training ((x / 255 - mean) / std):
     ANOVA and cosine after every block, the spectrum at `layer`, the per-head analysis; the ANOVA of the last block's
-    tokens under other views (anova_views); with a head, pooled features, token means and ETF_TOKENS tokens per image
-    (final norm); the tokens at `layer` of the first n_keep images (DINO: patch tokens)."""
+    tokens under other views (anova_views); the pooled features and, with a head, token means and ETF_TOKENS tokens per
+    image (final norm); the tokens at `layer` of the first n_keep images (DINO: patch tokens)."""
     L = model.config.n_layer
     cls_head = model.config.num_classes > 0
     sel = patch_tokens if patch_only else all_tokens
@@ -452,15 +452,15 @@ def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, b
     views = AnovaViews(model, num_classes)
     mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
     std = torch.tensor(std, device=device).view(1, -1, 1, 1)
-    keep = dict(kept=[], shown=[], **(dict(pooled=[], seq_means=[], tokens=[]) if cls_head else {}))
+    keep = dict(kept=[], shown=[], pooled=[], **(dict(seq_means=[], tokens=[]) if cls_head else {}))
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
         img = (augment.to_unit(x[s].to(device), model.config.img_size) - mean) / std
         hs = update_heads(model, model.embed(img), None, head_stats, sel)  # L + 1 tensors (B, 1 + N, d)
         update_layers([sel(h) for h in hs], y[s], layer_anova, cos_sum, spec, layer)
         views.update(sel(hs[-2]), y[s])
         h = pick_layer(hs, layer)
+        keep["pooled"].append(model.pool(hs[-1]).double().cpu())
         if cls_head:
-            keep["pooled"].append(model.pool(hs[-1]).double().cpu())
             keep["seq_means"].append(sel(hs[-1]).double().mean(1).cpu())
             keep["tokens"].append(sel(hs[-1])[:, etf_positions(sel(hs[-1]).shape[1])].double().cpu())
         left = n_keep - sum(len(k) for k in keep["kept"])
@@ -473,9 +473,11 @@ def image_pass(model, x, y, num_classes, mean, std, layer, patch_only, n_keep, b
             "spectrum": spec.result(), "heads": head_results(model, head_stats)}, {k: torch.cat(v) for k, v in keep.items()}
 
 @torch.no_grad()
-def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
+def gpt_pass(model, x, targets, layer, n_targets, n_keep, batch_size, device):
     """Stream within-window collapse after every block, the spectrum and the next-token-class statistics at `layer`
-    (classes: the n_targets most frequent targets of the windows x (n, T)). Returns the results and those targets."""
+    (classes: the n_targets most frequent targets of the windows x (n, T)). Returns the results, those targets, and
+    the tokens at `layer` of the first n_keep windows and the final norm's tokens of the three most frequent targets,
+    with their targets."""
     L, V = model.config.n_layer, model.config.vocab_size
     counts = torch.bincount(targets.reshape(-1), minlength=V)
     top = counts.argsort(descending=True)[:min(n_targets, int(counts.count_nonzero()))]  # targets that occur
@@ -486,18 +488,25 @@ def gpt_pass(model, x, targets, layer, n_targets, batch_size, device):
     spec = SpectrumStats()
     cls = ClassStats(len(top))
     head_stats = [(VarChange(), VarChange()) for _ in range(L)]
+    keep = dict(kept=[], kept_targets=[], etf=[], etf_targets=[])
     for s in (slice(i, i + batch_size) for i in range(0, len(x), batch_size)):
         hs = update_heads(model, *model.embed(x[s].to(device)), head_stats, all_tokens)  # L + 1 tensors (B, T, d)
         update_layers(hs, torch.zeros(len(x[s]), dtype=torch.long), layer_anova, cos_sum, spec, layer)  # one class
         h = pick_layer(hs, layer)
         c = cls_of[targets[s].reshape(-1)]
         cls.update(h.reshape(-1, h.shape[-1])[c.to(device) >= 0], c[c >= 0])
+        left = n_keep - sum(len(k) for k in keep["kept"])
+        keep["kept"].append(h[:max(left, 0)].float().cpu())
+        keep["kept_targets"].append(targets[s][:max(left, 0)])
+        top3 = torch.isin(targets[s], top[:3])  # (B, T): the positions of the ETF panel
+        keep["etf"].append(hs[-1][top3.to(device)].double().cpu())
+        keep["etf_targets"].append(targets[s][top3])
     nc = cls.neural_collapse()
     return {"layerwise": layerwise([a.result() for a in layer_anova], cos_sum, len(x)),
             "anova": dict(cls.anova(), n_classes=nc["n_classes"], n_tokens=cls.n_seq,
                           target_share=counts[top].sum().item() / targets.numel()),
             "nc": {k: nc[k] for k in ("nc1", "nc2_equinorm", "nc2_equiangular")}, "spectrum": spec.result(),
-            "heads": head_results(model, head_stats)}, top.tolist()
+            "heads": head_results(model, head_stats)}, top.tolist(), {k: torch.cat(v) for k, v in keep.items()}
 
 
 # ---------------------------------------------------------------- figures
@@ -580,27 +589,28 @@ def fig_spectrum(curves, title, path, spec=None):  # curves: [(label, colour, la
 
 def fig_scatter(panels, names, classes, title, path, axes_labels, look_for):  # panels: [(title, xy, y, triangle)]
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 1.8 * (len(panels) == 1), 4.3), squeeze=False)
+    width = 4.4 * len(panels) + 1.8 * (len(panels) == 1)
+    text = "\n".join(textwrap.fill(line, int(width * 13)) for line in f"{title}\n{look_for}".split("\n"))  # 9-point
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 3.6 + 0.15 * text.count("\n")), squeeze=False)
     for ax, (sub, xy, y, tri) in zip(axes[0], panels):
         if tri is not None:
-            ax.fill(tri[:, 0], tri[:, 1], fill=False, ls="--", color="gray", lw=1)
+            ax.fill(tri[:, 0], tri[:, 1], fill=False, ls="--", color="black", lw=1, zorder=3)  # above the points
         for k, c in enumerate(classes):
             ax.scatter(xy[y == c, 0], xy[y == c, 1], s=5, alpha=0.6, color=plt.cm.tab10(k),
                        label=names[c] if names else str(c))
         ax.set(title=sub if "\n" in sub else "\n".join(textwrap.wrap(sub, 34)), xlabel=axes_labels[0], ylabel=axes_labels[1],
-               aspect="auto" if tri is None else "equal")
+               aspect="auto" if tri is None else "equal", adjustable="datalim")
         ax.legend(fontsize=7, markerscale=3, loc="upper left", bbox_to_anchor=(1.0, 1.0) if tri is None else None)
-    fig.suptitle(f"{title}\n{look_for}", fontsize=9)
+    fig.suptitle(text, fontsize=9)
     return save_figure(fig, path)
 
-def fig_pca(kept, labels, names, where, title, path):  # kept (n, T, d); the ten most frequent classes are drawn
+def fig_pca(kept, labels, names, where, seqs, title, path):  # kept (n, T, d), labels (n, T): the 10 most frequent drawn
     n, T, d = kept.shape
     xy, ratio = pca_2d(kept.reshape(-1, d))
-    lab = labels[:n].repeat_interleave(T)
-    classes, counts = lab.unique(return_counts=True)
+    classes, counts = labels.unique(return_counts=True)
     shown = classes[counts.argsort(descending=True)[:10]].sort().values.tolist()
     note = f", {len(shown)} of {len(classes)} classes shown" if len(shown) < len(classes) else ""
-    return fig_scatter([(f"tokens ({where}) of {n} images{note}", xy, lab, None)], names, shown, title, path,
+    return fig_scatter([(f"tokens ({where}) of {n} {seqs}{note}", xy, labels.reshape(-1), None)], names, shown, title, path,
                        (f"first principal component ({ratio[0]:.0%} of the variance)",
                         f"second principal component ({ratio[1]:.0%})"), LOOK_FOR["pca"])
 
@@ -658,16 +668,25 @@ def classifier_analyses(model, extra, y, names, classes, res, title, out_dir):
     tokens = f"tokens = {extra['tokens'].shape[1]} per image ({res['settings']['tokens']})"
     for key, sub in [*feats.items(), ("tokens", tokens)]:
         x, yy = extra[key][m].flatten(0, -2), y[m].repeat_interleave(extra[key].shape[1] if key == "tokens" else 1)
-        xy = etf_projection(W3, x, torch.stack([x[yy == c].mean(0) for c in classes]).mean(0))
-        means = torch.stack([xy[yy == c].mean(0) for c in classes])  # (3, 2)
-        r = means.norm(dim=1).mean()  # the mean class radius: the panel's triangle has its vertices there
-        at = (yy[:, None] == torch.tensor(classes)).double() @ TRIANGLE.T  # (n, 2): each point's class vertex at radius 1
-        # vertex_dist: the mean distance of the points to their class's vertex, in vertex radii (0: on the vertices)
-        res["etf"][key] = {"class_means_2d": means.tolist(), "vertex_dist": (xy / r - at).norm(dim=1).mean().item()}
-        panels.append((sub.replace(" = ", " =\n", 1), xy, yy, TRIANGLE.T * r))  # the name, then what it is
-    return [fig_scatter(panels, names, classes, title + "\neach point: an image's features (tokens: a token's), seen in the "
-                        "plane of the three classes' classifier rows\n(triangle: those rows' directions, scaled to the mean class radius)",
-                        os.path.join(out_dir, "etf.png"), ("first axis of that plane", "second axis"), LOOK_FOR["etf"])]
+        xy, res["etf"][key], triangle = etf_panel(W3, x, yy, classes)
+        panels.append((sub.replace(" = ", " =\n", 1), xy, yy, triangle))  # the name, then what it is
+    return [fig_etf(panels, names, classes, title, "an image's features (tokens: a token's)",
+                    "the three classes' classifier rows", out_dir)]
+
+def etf_panel(W3, x, y, classes):
+    """The ETF projection of features x (n, d) with labels y among the three classes, centred by the mean of their class
+    means: the points (n, 2); the class means (3, 2) and vertex_dist, the points' mean distance to their class's vertex
+    in vertex radii (0: on the vertices); and the triangle of the panel, its vertices at the mean class radius."""
+    xy = etf_projection(W3, x, torch.stack([x[y == c].mean(0) for c in classes]).mean(0))
+    means = torch.stack([xy[y == c].mean(0) for c in classes])  # (3, 2)
+    r = means.norm(dim=1).mean()  # the mean class radius
+    at = (y[:, None] == torch.tensor(classes)).double() @ TRIANGLE.T  # (n, 2): each point's class vertex at radius 1
+    return xy, {"class_means_2d": means.tolist(), "vertex_dist": (xy / r - at).norm(dim=1).mean().item()}, TRIANGLE.T * r
+
+def fig_etf(panels, names, classes, title, points, plane, out_dir):  # panels as fig_scatter's
+    return fig_scatter(panels, names, classes, f"{title}\neach point: {points}, seen in the plane of {plane}\n(triangle: "
+                       "the simplex ETF, at the mean class radius)", os.path.join(out_dir, "etf.png"),
+                       ("first axis of that plane", "second axis"), LOOK_FOR["etf"])
 
 def final_metric(run_dir, kind):  # the last value of the run's headline metric in log.jsonl
     key = FINAL_METRIC[kind][0]
@@ -807,18 +826,19 @@ def analyze_run(path, ckpt, out_dir, config, device):
     if kind == "gpt":
         T = config["seq_len"] or cfg.get("block_size") or model.config.block_size
         x, targets = text.load_windows(data_dir, dataset, T, config["max_samples"])
-        r, top = gpt_pass(model, x, targets, layer, config["n_targets"], config["batch_size"], device)
+        r, top, extra = gpt_pass(model, x, targets, layer, config["n_targets"], config["pca_images"],
+                                 config["batch_size"], device)
         res.update(r)
         res["anova"].update(targets=top, target_names=text.token_names(data_dir, dataset, top))
         res["settings"] = dict(layer=layer, tokens="all positions of each window", seq_len=T, n_samples=len(x),
-                               n_targets=config["n_targets"], dataset=dataset)
+                               n_targets=config["n_targets"], dataset=dataset, pca_windows=len(extra["kept"]))
         anova_fig = fig_anova([res["anova"]], ["all positions"], FRACS[1:], f"next-token classes: top "
                               f"{res['anova']['n_classes']} targets, NC1 = {res['nc']['nc1']:.3g}\n{title}",
                               where, os.path.join(out_dir, "anova.png"))
     else:
         x, y, names, mean, std = images.eval_images(ckpt, config["max_samples"], config["seed"])
         etf = config["etf_classes"]
-        if model.config.num_classes and not set(etf) <= set(y.tolist()):  # before the long pass
+        if kind == "vit" and not set(etf) <= set(y.tolist()):  # before the long pass
             raise UsageError(f"--etf_classes={etf}: not every class occurs among the {len(y)} analysed "
                              f"images; choose others or raise --max_samples")
         n_keep = config["pca_images"] if kind == "vit" else config["map_images"]
@@ -837,14 +857,33 @@ def analyze_run(path, ckpt, out_dir, config, device):
     figs = [spectrum, collapse, anova_fig] if kind == "gpt" else [collapse, anova_fig, spectrum]
     figs.append(fig_heads(res["heads"], title, os.path.join(out_dir, "heads.png")))
     if kind == "vit":
-        figs.append(fig_pca(extra["kept"], y, names, where, title, os.path.join(out_dir, "pca.png")))
+        per_token = y[:len(extra["kept"]), None].expand(-1, extra["kept"].shape[1])
+        figs.append(fig_pca(extra["kept"], per_token, names, where, "images", title, os.path.join(out_dir, "pca.png")))
         res["settings"]["pca_images"] = len(extra["kept"])
-        if "pooled" in extra:
-            figs += classifier_analyses(model, extra, y, names, config["etf_classes"], res, title, out_dir)
-    elif kind == "dino":
+        figs += classifier_analyses(model, extra, y, names, config["etf_classes"], res, title, out_dir)
+    elif kind == "gpt":  # the classes: next tokens; the ETF plane: the output layer's rows of the three most frequent
+        ids = sorted(set(extra["kept_targets"].unique().tolist() + top[:3]))
+        names = dict(zip(ids, text.token_names(data_dir, dataset, ids)))
+        figs.append(fig_pca(extra["kept"], extra["kept_targets"], names, where, "windows, coloured by next token",
+                            title, os.path.join(out_dir, "pca.png")))
+        if len(top) >= 3:  # (--n_targets=2 draws no ETF panel)
+            W3 = model.lm_head.weight.detach().double().cpu()[top[:3]]
+            xy, panel, triangle = etf_panel(W3, extra["etf"], extra["etf_targets"], top[:3])
+            res["etf"] = dict(classes=top[:3], classifier_rows_2d=etf_projection(W3, W3, W3.mean(0)).tolist(), tokens=panel)
+            figs.append(fig_etf([("tokens, final norm", xy, extra["etf_targets"], triangle)], names, top[:3], title,
+                                "a token (its class: the next token)", "the output layer's rows of the three most "
+                                "frequent next tokens", out_dir))
+    else:  # DINO has no classifier: the ETF plane is that of the three classes' means
         grid = (x.shape[-2] // model.config.patch_size, x.shape[-1] // model.config.patch_size)
         figs.append(fig_pca_maps(extra["kept"], extra["shown"], grid, title, os.path.join(out_dir, "pca_maps.png")))
         res["settings"]["map_images"] = len(extra["kept"])
+        etf, m = config["etf_classes"], torch.isin(y, torch.tensor(config["etf_classes"]))
+        if set(etf) <= set(y.tolist()):  # else no ETF panel (a figure DINO's other analyses do not need)
+            W3 = torch.stack([extra["pooled"][y == c].mean(0) for c in etf])
+            xy, panel, triangle = etf_panel(W3, extra["pooled"][m], y[m], etf)
+            res["etf"] = dict(classes=etf, pooled=panel)
+            figs.append(fig_etf([("pooled features, final norm", xy, y[m], triangle)], names, etf, title,
+                                "an image's pooled features (no classifier)", "the three classes' means", out_dir))
     res["figures"] = figs
     res["out_dir"] = out_dir
     write_outputs(res, run_summary(res), out_dir)

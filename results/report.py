@@ -56,6 +56,8 @@ VERDICT_SETS = {"vit_mean": ("six_vit_default", "vit_default"),  # mean pooling,
                 "dino": ("six_dino", "dino_amd")}  # 1.5 epochs
 VIT_SETS = ("vit_mean", "vit_cls", "vit_cls_ls")
 PCA_MAP_SETS = ("dino_scenes",)  # DINO on larger images (8 x 8 patches): its PCA maps are drawn beside the verdict's
+# The GPT and DINO sets whose seed pair keeps the token PCA and ETF scatter (the verdict's six-seed sets keep none)
+SCATTER_SETS = ("gpt_amd", "dino_amd")
 # The paper's ViT follows DeiT-III (a CLS token, LayerScale 1e-6, long training): vit_cls_ls is its regime here, and the
 # other ViT regimes (mean pooling; CLS without LayerScale, 4 epochs) explore
 PAPER_VIT = "vit_cls_ls"
@@ -615,7 +617,7 @@ def verdict_sets_line(collected, chosen):  # summary.md: the verdict's set of ea
 def verdict_figures(collected, chosen, dest):
     """The verdict's figures in dest/figures/verdict/, n_lap 0 against 4: the ViT's ETF class means, each paradigm's
     within-sequence PCA spectrum, and one seed's per-run figures (run_pair) one above the other: DINO's PCA maps,
-    and where the run folders keep them the ViT's token PCA and ETF scatter. Returns their paths in dest."""
+    and where the run folders keep them the token PCA and ETF scatter. Returns their paths in dest."""
     if not chosen:
         return []
     folder = os.path.join(dest, "figures", "verdict")
@@ -630,7 +632,8 @@ def verdict_figures(collected, chosen, dest):
         if panels:
             figures.append(fig_pca_spectra(panels, paradigm, os.path.join(folder, f"pca_spectrum_{paradigm}.png")))
     dino_sets = [chosen[g] for g in ("dino",) if g in chosen] + [name for name in PCA_MAP_SETS if name in collected]
-    for png, names in (("pca_maps.png", dino_sets), ("pca.png", vit_sets), ("etf.png", vit_sets)):
+    scatter_sets = vit_sets + [name for name in SCATTER_SETS if name in collected]
+    for png, names in (("pca_maps.png", dino_sets), ("pca.png", scatter_sets), ("etf.png", scatter_sets)):
         for name in names:
             pair = run_pair(collected[name], png)
             if pair:  # analyze.py draws the same images in every run of a dataset: one seed's two runs show them
@@ -639,8 +642,8 @@ def verdict_figures(collected, chosen, dest):
 
 def run_pair(runs, png):
     """The per-run figure png of the n_lap 0 and the n_lap 4 run of the lowest seed whose run folders both keep it, or
-    None. sweep.sh keeps DINO's pca_maps.png; a ViT's pca.png and etf.png (the paper's token PCA and ETF scatter)
-    stay in the run's analysis folder unless copied next to its analysis.json."""
+    None. sweep.sh keeps DINO's pca_maps.png; pca.png and etf.png (the paper's token PCA and ETF scatter) stay in
+    the run's analysis folder unless copied next to its analysis.json."""
     found = {(r["n_lap_label"], r["seed"]): os.path.join(r["run"], png) for r in runs
              if os.path.isfile(os.path.join(r["run"], png))}
     seeds = sorted(seed for n_lap, seed in found if n_lap == "0" and ("4", seed) in found)

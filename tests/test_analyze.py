@@ -255,6 +255,24 @@ def test_etf_token_panel_puts_collapsed_tokens_on_the_vertices(tmp_path, figure_
     assert res["etf"]["pooled"]["vertex_dist"] > 0.3  # random features: scattered, not on the vertices
 
 
+def test_etf_panel_in_the_plane_of_class_means_puts_collapsed_features_on_the_vertices():
+    """DINO's ETF panel has no classifier: the plane is that of its three class means. Features at the means of an
+    equiangular, equinorm triangle (plus parts outside that plane) land on the vertices; spread features do not."""
+    means = simplex_etf(3, 9, scale=2.0, seed=5) + torch.randn(9, dtype=torch.float64)  # a shifted simplex ETF
+    y = torch.tensor([4, 7, 9] * 5)
+    g = torch.Generator().manual_seed(6)
+    noise = torch.randn(15, 9, generator=g, dtype=torch.float64)
+    centred = means - means.mean(0)
+    noise = noise - noise @ torch.linalg.pinv(centred) @ centred  # orthogonal to the plane of the means
+    x = means[[[4, 7, 9].index(c) for c in y.tolist()]] + noise  # every feature at its class mean
+    xy, panel, triangle = analyze.etf_panel(means, x, y, [4, 7, 9])
+    assert panel["vertex_dist"] == pytest.approx(0, abs=1e-9)
+    assert torch.allclose(torch.tensor(panel["class_means_2d"], dtype=torch.float64), triangle, atol=1e-9)
+    assert xy.shape == (15, 2) and torch.allclose(triangle.norm(dim=1), triangle.norm(dim=1)[0].expand(3))
+    spread = analyze.etf_panel(means, x + torch.randn(15, 9, generator=g, dtype=torch.float64), y, [4, 7, 9])[1]
+    assert spread["vertex_dist"] > 0.1
+
+
 def test_pca_helpers():
     g = torch.Generator().manual_seed(10)
     rgb = analyze.pca_rgb(torch.randn(16, 8, generator=g), (4, 4))
@@ -643,14 +661,31 @@ def tiny_token_data(tmp_path):
 
 
 @pytest.mark.slow
-def test_end_to_end_gpt(tmp_path, capsys):
+def test_end_to_end_gpt(tmp_path, capsys, figure_texts):
     data_dir = tiny_token_data(tmp_path)
     run = make_run(tmp_path / "gpt", "gpt", n_lap=[0, 4], dataset="tiny", data_dir=data_dir, block_size=32,
                    model="gpt-tiny")  # an older option name in the saved config is ignored
-    run_analyze(run, "--max_samples=40", "--batch_size=16", "--n_targets=8", f"--out={tmp_path / 'o'}")
-    res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png", "heads.png"])
+    run_analyze(run, "--max_samples=40", "--batch_size=16", "--n_targets=8", "--pca_images=6", f"--out={tmp_path / 'o'}")
+    res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png", "heads.png", "pca.png", "etf.png"])
     s = res["settings"]
-    assert s["n_samples"] == 40 and s["seq_len"] == 32 and s["n_targets"] == 8
+    assert s["n_samples"] == 40 and s["seq_len"] == 32 and s["n_targets"] == 8 and s["pca_windows"] == 6
+    # the PCA scatter and the ETF panel against the model run directly: windows, their next tokens, final-norm tokens
+    model = analyze.common.load_model(torch.load(os.path.join(run, "ckpt.pt"), weights_only=True)).eval()
+    x, targets = text.load_windows(data_dir, "tiny", 32, 40)
+    names = {i: repr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX"[i]) for i in range(50)}
+    ids, counts = targets[:6].unique(return_counts=True)
+    assert sorted(figure_texts["pca.png"]["legend"]) == sorted(names[i] for i in ids[counts.argsort(descending=True)[:10]].tolist())
+    top3 = res["anova"]["targets"][:3]
+    assert res["etf"]["classes"] == top3 and figure_texts["etf.png"]["legend"] == [names[i] for i in top3]
+    with torch.no_grad():
+        h = model.forward_features(x)  # (40, 32, d), after the final norm
+    m = torch.isin(targets, torch.tensor(top3))
+    t = targets[m]
+    W3 = model.lm_head.weight.detach()[top3]
+    center = torch.stack([h[m][t == c].double().mean(0) for c in top3]).mean(0)
+    xy = analyze.etf_projection(W3, h[m], center)
+    means = torch.stack([xy[t == c].mean(0) for c in top3])
+    assert torch.allclose(torch.tensor(res["etf"]["tokens"]["class_means_2d"], dtype=torch.float64), means, atol=1e-5)
     a = res["anova"]
     assert a["n_classes"] == 8 and len(a["targets"]) == 8
     assert a["target_names"][0] == repr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX"[a["targets"][0]])
@@ -676,6 +711,8 @@ def test_end_to_end_gpt(tmp_path, capsys):
         text.load_windows(data_dir, "tiny", 4000, 5)
     with pytest.raises(UsageError, match="not prepared"):  # data.text's message for missing data
         run_analyze(make_run(tmp_path / "gpt2", "gpt", dataset="nowhere", data_dir=data_dir))
+    run_analyze(run, "--max_samples=8", "--n_targets=2", f"--out={tmp_path / 'two'}")  # two classes: no ETF panel
+    assert "etf.png" not in os.listdir(tmp_path / "two") and "etf" not in json.load(open(tmp_path / "two" / "analysis.json"))
 
 
 @pytest.mark.slow
@@ -694,8 +731,11 @@ def test_a_loose_checkpoint_is_analysed_beside_it_under_its_own_name(tmp_path, c
 def test_end_to_end_dino(tmp_path, fashion_dir, capsys):
     run = make_run(tmp_path / "dino", "dino", n_lap=4, dataset="fashion_mnist", data_dir=fashion_dir)
     run_analyze(run, "--max_samples=30", "--map_images=6", f"--out={tmp_path / 'o'}")
-    res = check_outputs(tmp_path / "o", ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca_maps.png"])
+    res = check_outputs(tmp_path / "o", ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca_maps.png",
+                                         "etf.png"])
     assert res["settings"]["map_images"] == 6 and res["settings"]["n_samples"] == 30
+    assert res["etf"]["classes"] == [0, 1, 2] and res["etf"]["pooled"]["vertex_dist"] > 0  # no classifier: class means
+    assert torch.tensor(res["etf"]["pooled"]["class_means_2d"]).sum(0).abs().max() < 1e-9  # centred by their mean
     assert "nc" not in res and sum(res["anova"][k] for k in FRACS) == pytest.approx(1.0)
     assert res["final_metric"]["name"] == "knn_acc" and res["n_lap"] == 4
     assert res["settings"]["normalisation"]["mean"] == pytest.approx([np.mean(train_pixels(fashion_dir)) / 255])
@@ -730,7 +770,8 @@ def test_end_to_end_image_folders(tmp_path, capsys):
     assert res["settings"]["n_samples"] == 10 and res["settings"]["normalisation"]["mean"] == folders.IMAGENET_MEAN
     assert res["nc"]["pooled"]["n_classes"] == 3
     run_analyze(dino, "--max_samples=100")
-    res = check_outputs(os.path.join(dino, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca_maps.png"])
+    res = check_outputs(os.path.join(dino, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "heads.png",
+                                                         "pca_maps.png", "etf.png"])
     assert res["settings"]["n_samples"] == 9  # train_dino.py's eval_val images, all of them
     assert result(capsys.readouterr().out)["kind"] == "dino"
 
