@@ -829,7 +829,9 @@ def analyze_run(path, ckpt, out_dir, config, device):
         r, top, extra = gpt_pass(model, x, targets, layer, config["n_targets"], config["pca_images"],
                                  config["batch_size"], device)
         res.update(r)
-        res["anova"].update(targets=top, target_names=text.token_names(data_dir, dataset, top))
+        ids = sorted(set(top + extra["kept_targets"].unique().tolist()))  # the classes of the ANOVA and the figures
+        names = dict(zip(ids, text.token_names(data_dir, dataset, ids)))
+        res["anova"].update(targets=top, target_names=[names[t] for t in top])
         res["settings"] = dict(layer=layer, tokens="all positions of each window", seq_len=T, n_samples=len(x),
                                n_targets=config["n_targets"], dataset=dataset, pca_windows=len(extra["kept"]))
         anova_fig = fig_anova([res["anova"]], ["all positions"], FRACS[1:], f"next-token classes: top "
@@ -862,8 +864,6 @@ def analyze_run(path, ckpt, out_dir, config, device):
         res["settings"]["pca_images"] = len(extra["kept"])
         figs += classifier_analyses(model, extra, y, names, config["etf_classes"], res, title, out_dir)
     elif kind == "gpt":  # the classes: next tokens; the ETF plane: the output layer's rows of the three most frequent
-        ids = sorted(set(extra["kept_targets"].unique().tolist() + top[:3]))
-        names = dict(zip(ids, text.token_names(data_dir, dataset, ids)))
         figs.append(fig_pca(extra["kept"], extra["kept_targets"], names, where, "windows, coloured by next token",
                             title, os.path.join(out_dir, "pca.png")))
         if len(top) >= 3:  # (--n_targets=2 draws no ETF panel)
@@ -877,7 +877,8 @@ def analyze_run(path, ckpt, out_dir, config, device):
         grid = (x.shape[-2] // model.config.patch_size, x.shape[-1] // model.config.patch_size)
         figs.append(fig_pca_maps(extra["kept"], extra["shown"], grid, title, os.path.join(out_dir, "pca_maps.png")))
         res["settings"]["map_images"] = len(extra["kept"])
-        etf, m = config["etf_classes"], torch.isin(y, torch.tensor(config["etf_classes"]))
+        etf = config["etf_classes"]
+        m = torch.isin(y, torch.tensor(etf))
         if set(etf) <= set(y.tolist()):  # else no ETF panel (a figure DINO's other analyses do not need)
             W3 = torch.stack([extra["pooled"][y == c].mean(0) for c in etf])
             xy, panel, triangle = etf_panel(W3, extra["pooled"][m], y[m], etf)

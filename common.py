@@ -363,13 +363,12 @@ def atomic_write(path):
         if os.path.exists(tmp):
             os.remove(tmp)
 
-def save_checkpoint(obj, path):  # and remove what a save killed mid-write left (one run writes its out_dir)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    for name in [n for n in os.listdir(folder) if n.startswith(os.path.basename(path) + ".tmp")]:
-        os.remove(os.path.join(folder, name))
+def save_checkpoint(obj, path):  # then remove what a save killed mid-write left (one run writes its out_dir)
     with atomic_write(path) as f:
         torch.save(obj, f)
+    folder = os.path.dirname(os.path.abspath(path))
+    for name in [n for n in os.listdir(folder) if n.startswith(os.path.basename(path) + ".tmp")]:
+        os.remove(os.path.join(folder, name))
 
 def load_checkpoint(path, context="", map_location="cpu"):
     """torch.load with weights_only=True (tensors and plain data, never code), failing in one line."""
