@@ -106,10 +106,9 @@ COST_LAYOUTS = (0, 3, 6)  # cost: Laplacian heads of 6 per layer
 # cost's compiles by priority (a ratio needs its model's n_lap = 0 too): the GPT at gpt_d20's mix, the ViT all-Laplacian
 # as the ViT recipes, the ViT at the DINO recipe's 3 of 6, the GPT all-Laplacian
 COMPILE_ORDER = [("gpt", 0), ("gpt", 3), ("vit", 0), ("vit", 6), ("vit", 3), ("gpt", 6)]
-# Planning estimates in seconds on one GPU, used until this GPU has measured them; guesses, not measurements (nothing
-# here has run on a GPU yet). A child process starts in about 10 s (Python, importing torch, a CUDA context); cold
-# Inductor compiles follow issue 40's reading of 70-110 s for a d12 GPT's start-up and its two compiles (training and
-# evaluation graphs), ViT-S/16 taken alike (12 blocks as well)
+# Planning estimates in seconds on one GPU, used until this GPU has measured them. Set before any GPU ran; an H200 with
+# torch 2.11 then took at most these (equal 4, tests 18, torchrun gpt 20, default 68; scripts gpt 66, vit 77, dino 14
+# besides their steps; cold compiles 24-39 s: results/gpu_h200/measured.json), so a slower GPU is planned with room
 ESTIMATE = {
     "equal": 30,  # two small models, ten fused-against-explicit comparisons each, eager
     "tests": 60,  # pytest's start and two CUDA-only tests (one trains a tiny GPT twice)
@@ -122,7 +121,9 @@ ESTIMATE = {
     "scripts dino": 25,  # start-up 10, first steps 5 (eager: no compile), k-NN twice and a 100-step linear probe 10
 }
 COMPILE_ESTIMATE = {"gpt": 50, "vit": 45}  # cost: one cold whole-model compile, forward and backward
-ASSUMED_MFU = {"compiled": 0.25, "eager": 0.10}  # to plan training steps from their FLOPs (an assumption, not measured)
+# to plan training steps from their FLOPs until --measured has their step time (the H200 reached 16-22% compiled, 6.6%
+# eager: its first plan was short by up to a third, which SLACK covered)
+ASSUMED_MFU = {"compiled": 0.25, "eager": 0.10}
 PLANNING_PEAK = 65e12  # FLOP/s to plan with for a GPU that common.peak_flops does not know: a T4's, the slowest there
 # what a first GPU run most needs to learn, first: the fast paths are exact, the recipes' models compile and train at
 # GPU sizes, what Laplacian heads cost, the CUDA-only tests; torchrun on one GPU only starts NCCL, default repeats a
