@@ -171,14 +171,25 @@ def resolve_device(device):
 
 def start_processes(out_dir, resume, device, oom_advice=""):
     """A run's start in every script: the first process prepares out_dir before the process group meets; oom_advice
-    follows an out-of-memory traceback. Returns (rank, local_rank, world, device)."""
+    follows an out-of-memory traceback. Under torchrun each process takes GPU LOCAL_RANK (nccl) or the CPU (gloo).
+    Returns (rank, local_rank, world, device)."""
     device = resolve_device(device)
     aside = prepare_out_dir(out_dir, resume) if os.environ.get("RANK", "0") == "0" else None
     sys.excepthook = functools.partial(report_error, out_dir=out_dir, aside=aside, oom_advice=oom_advice)
-    rank, local_rank, world, device = setup_distributed(device)
     if device.startswith("cuda"):  # TF32 for float32 matmuls (bfloat16 autocast covers most of them anyway)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if "RANK" not in os.environ:
+        return 0, 0, 1, device
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    if device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    else:
+        os.environ.update(gloo_environment())
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return rank, local_rank, world, device
 
 def launch_processes(nprocs, device):
@@ -205,22 +216,6 @@ def gloo_environment():
     """A CPU process group's environment: PyTorch's TCPStore asks for libuv, which its Windows builds lack ("use_libuv
     was requested but PyTorch was build without libuv support", pytorch #139990)."""
     return {"USE_LIBUV": "0"} if os.name == "nt" else {}
-
-def setup_distributed(device="auto"):
-    """Under torchrun: GPU LOCAL_RANK (nccl) or CPU (gloo) per process; returns (rank, local_rank, world, device)."""
-    device = resolve_device(device)
-    if "RANK" not in os.environ:
-        return 0, 0, 1, device
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    if device.startswith("cuda"):
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-    else:
-        os.environ.update(gloo_environment())
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return rank, local_rank, world, device
 
 def teardown_distributed():
     """The end of a run's process: every process leaves the group together."""

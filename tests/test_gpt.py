@@ -480,7 +480,7 @@ def test_teardown_leaves_after_the_last_collective(tmp_path):
     script.write_text(f"""import atexit, os, sys
 sys.path.insert(0, {ROOT!r})
 import common
-rank = common.setup_distributed("cpu")[0]
+rank = common.start_processes({str(tmp_path)!r}, False, "cpu")[0]
 common.all_reduce_mean(1.0)
 atexit.register(lambda: open(os.path.join({str(tmp_path)!r}, f"atexit{{rank}}"), "w").close())
 sys.stdout.write(f"rank {{rank}} unflushed;")  # a pipe buffers it
