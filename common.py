@@ -428,15 +428,12 @@ def _result_value(v):
         return json.dumps(v, separators=(",", ":"))
     return str(v)
 
-def parse_result(text):
-    """The key=value pairs (strings, in order) of the last RESULT line anywhere in text; {} without one."""
-    lines = re.findall(r"RESULT (\S.*)", text)
-    return dict(word.split("=", 1) for word in lines[-1].split() if "=" in word) if lines else {}
-
 def read_result(run_dir):
-    """parse_result of run_dir/result.txt; {} without one."""
+    """The key=value pairs (strings, in order) of run_dir/result.txt, the RESULT line; {} without one."""
     path = os.path.join(run_dir, RESULT)
-    return parse_result(open(path).read()) if os.path.isfile(path) else {}
+    if not os.path.isfile(path):
+        return {}
+    return dict(word.split("=", 1) for word in open(path).read().split() if "=" in word)
 
 def check_finite(loss, step):
     """Stop before the optimizer step when the loss is NaN or inf."""
