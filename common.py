@@ -47,10 +47,10 @@ def _typed(key, value, default):
         raise UsageError(f"--{key}={value!r} has type {type(value).__name__}, expected {type(kind).__name__}{like}")
     return list(value) if isinstance(value, tuple) else value
 
-def parse_args(defaults, argv=None):
+def parse_args(defaults, argv):
     """defaults, then config files and --key=value options in command-line order -> a new dict."""
     config = dict(defaults)
-    for arg in sys.argv[1:] if argv is None else argv:
+    for arg in argv:
         key, has_value, text = arg[2:].partition("=")
         if arg.startswith("--") and key not in config:
             raise UsageError(f"unknown option --{key};{_closest(key, config, '--')} --help lists every option")
@@ -381,11 +381,10 @@ def load_checkpoint(path, context="", map_location="cpu"):
         raise UsageError(f"{context}{path} is not a nanolap checkpoint (a dict of tensors and plain data)")
     return ckpt
 
-def load_model(path_or_ckpt, key="model", map_location="cpu"):
-    """Rebuild a model from a nanolap checkpoint (a path or an already loaded dict)."""
-    ckpt = load_checkpoint(path_or_ckpt, "", map_location) if isinstance(path_or_ckpt, str) else path_or_ckpt
+def load_model(ckpt):
+    """Rebuild the model of a loaded nanolap checkpoint (load_checkpoint)."""
     model = build_model(Config(**ckpt["model_config"]))
-    model.load_state_dict(clean_state_dict(ckpt[key]))
+    model.load_state_dict(clean_state_dict(ckpt["model"]))
     return model
 
 def prepare_out_dir(out_dir, resume):
