@@ -41,8 +41,7 @@ def _typed(key, value, default):
     if kind is None or value is None:
         return value
     value = float(value) if isinstance(kind, float) and type(value) is int else value  # --lr=1 is 1.0
-    n_lap_list = key == "n_lap" and isinstance(value, (list, tuple))
-    if not (n_lap_list or type(value) is type(kind) or isinstance(value, type(kind)) and not isinstance(value, bool)):
+    if type(value) is not type(kind) and not (key == "n_lap" and isinstance(value, (list, tuple))):  # n_lap: per layer
         like = f" like the default {default!r}" if default is not None else ""
         raise UsageError(f"--{key}={value!r} has type {type(value).__name__}, expected {type(kind).__name__}{like}")
     return list(value) if isinstance(value, tuple) else value
