@@ -238,24 +238,20 @@ def all_reduce_mean(x, device="cpu"):
 def amp_dtype(device, requested="auto"):
     """The dtype of --dtype on device. 'auto': bfloat16 where the GPU has bfloat16 tensor cores (capability 8.0 and up,
     as nanochat decides); float16 with a gradient scaler below (a T4 emulates bfloat16, slowly); float32 on a CPU or MPS."""
+    if requested == "auto" and str(device).startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
     if requested not in ("auto", "float32", "bfloat16", "float16"):
         raise UsageError(f"--dtype={requested!r}: choose auto, float32, bfloat16 or float16")
-    if requested != "auto":
-        return getattr(torch, requested)
-    if not str(device).startswith("cuda"):
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+    return torch.float32 if requested == "auto" else getattr(torch, requested)
 
 def autocast(device, dtype):
     """(context, dtype) of --dtype (amp_dtype). float16 needs a torch.amp.GradScaler, enabled=dtype == torch.float16."""
     amp = amp_dtype(device, dtype)
     return (nullcontext() if amp == torch.float32 else torch.autocast(str(device).split(":")[0], dtype=amp)), amp
 
-def dtype_words(amp):
-    """How a run names its arithmetic (amp_dtype's answer) in its first lines."""
-    if amp == torch.float16:
-        return "float16 autocast with a gradient scaler"
-    return "bfloat16 autocast" if amp == torch.bfloat16 else "float32"
+# how a run names its arithmetic (amp_dtype's answer) in its first lines
+DTYPE_WORDS = {torch.float32: "float32", torch.bfloat16: "bfloat16 autocast",
+               torch.float16: "float16 autocast with a gradient scaler"}
 
 def check_compile(compile_model, device):
     """--compile_model on a CUDA GPU needs Triton (inductor writes Triton kernels): without, one line before training."""
@@ -273,7 +269,6 @@ GPU_PEAK_FLOPS = {
     r"T4": 65e12, r"V100 SXM2": 125e12, r"V100 PCIE": 112e12, r"RTX A6000": 154.8e12, r"RTX 4090": 165.2e12,
     r"RTX 4080": 97.5e12, r"RTX 3090 TI": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
 }
-NO_BFLOAT16_TENSOR_CORES = r"T4|V100( .*)?"  # the table's GPUs before Ampere: bfloat16 is emulated there
 
 def peak_flops(device, name=None, dtype=torch.float16):
     """Dense peak FLOP/s of a CUDA device (or a GPU called `name`) in dtype; None for a CPU, an unknown GPU, float32."""
@@ -281,7 +276,7 @@ def peak_flops(device, name=None, dtype=torch.float16):
         return None
     words = re.split(r"[\s_-]+", (name or torch.cuda.get_device_name(device)).strip().upper())
     chip = " ".join(w for w in words if w not in ("NVIDIA", "TESLA", "GEFORCE") and not re.fullmatch(r"\d+GB|HBM\w*", w))
-    if dtype == torch.bfloat16 and re.fullmatch(NO_BFLOAT16_TENSOR_CORES, chip):
+    if dtype == torch.bfloat16 and re.fullmatch(r"T4|V100( .*)?", chip):  # before Ampere: bfloat16 is emulated
         return None
     return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, chip)), None)
 

@@ -48,7 +48,7 @@ def test_auto_dtype_follows_the_capability_and_mfu_its_peak(monkeypatch, name, c
     assert common.amp_dtype("cuda") == dtype and common.amp_dtype("cuda:1", "auto") == dtype
     assert common.peak_flops("cuda", dtype=dtype) == peak
     assert common.peak_flops("cuda", dtype=torch.float32) is None  # TF32 peaks are not in the table
-    words = common.dtype_words(dtype)
+    words = common.DTYPE_WORDS[dtype]
     assert words == ("float16 autocast with a gradient scaler" if dtype == torch.float16 else "bfloat16 autocast")
     assert common.amp_dtype("cuda", "float32") == torch.float32  # an explicit choice stands
     assert common.amp_dtype("cpu") == common.amp_dtype("mps") == torch.float32

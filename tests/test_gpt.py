@@ -592,7 +592,7 @@ def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
     first = [json.loads(line) for line in open(tmp_path / "log.jsonl")][-1]  # the evaluation at step 3
     train(args + ["--resume"])
     out, resumed = capsys.readouterr().out, common.read_result(str(tmp_path))
-    assert "cuda" in out and common.dtype_words(common.amp_dtype("cuda")) in out and "tok/s" in out
+    assert "cuda" in out and common.DTYPE_WORDS[common.amp_dtype("cuda")] in out and "tok/s" in out
     assert math.isfinite(first["val_loss"]) and float(resumed["val_loss"]) < first["val_loss"] + 0.5
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6
 
