@@ -441,19 +441,18 @@ def format_time(seconds):
 def report_error(kind, error, tb, out_dir=None, aside=None, oom_advice=""):
     """The scripts' sys.excepthook: bad input, a non-finite loss and Ctrl-C end in one line from the first process that
     says what was saved where; an error in the code keeps its traceback, out of memory adds advice after it."""
+    saved = ""  # what a run that stops now leaves: its checkpoint, or nothing (and where an earlier run went)
+    if out_dir and os.path.isfile(os.path.join(out_dir, CHECKPOINT)):
+        saved = f"; the last checkpoint is intact: continue with --resume --out_dir={out_dir}"
+    elif out_dir:
+        saved = "; no checkpoint yet, nothing to resume" + (f"; the earlier run in {out_dir} is in {aside}" if aside else "")
     if issubclass(kind, KeyboardInterrupt):
-        message = "interrupted" + (f"; {saved(out_dir, aside)}" if out_dir else "")
+        message = "interrupted" + saved
     elif issubclass(kind, (UsageError, OSError, FloatingPointError)):
-        message = f"error: {error}" + (f"; {saved(out_dir, aside)}" if out_dir and kind is FloatingPointError else "")
+        message = f"error: {error}" + (saved if kind is FloatingPointError else "")
     else:
         sys.__excepthook__(kind, error, tb)
         out_of_memory = isinstance(error, torch.OutOfMemoryError) or "MPS backend out of memory" in str(error)
         message = f"out of memory {oom_advice}" if out_of_memory and oom_advice else None
     if message and int(os.environ.get("RANK", 0)) == 0:
         print(message, file=sys.__stderr__, flush=True)  # a process group prefixes sys.stderr's lines with the rank
-
-def saved(out_dir, aside):
-    """What a run that stops now leaves: the checkpoint to resume from, or nothing (and where an earlier run went)."""
-    if os.path.isfile(os.path.join(out_dir, CHECKPOINT)):
-        return f"the last checkpoint is intact: continue with --resume --out_dir={out_dir}"
-    return "no checkpoint yet, nothing to resume" + (f"; the earlier run in {out_dir} is in {aside}" if aside else "")
