@@ -173,22 +173,21 @@ def start_processes(out_dir, resume, device, oom_advice=""):
     follows an out-of-memory traceback. Under torchrun each process takes GPU LOCAL_RANK (nccl) or the CPU (gloo).
     Returns (rank, local_rank, world, device)."""
     device = resolve_device(device)
-    aside = prepare_out_dir(out_dir, resume) if os.environ.get("RANK", "0") == "0" else None
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    aside = prepare_out_dir(out_dir, resume) if rank == 0 else None
     sys.excepthook = functools.partial(report_error, out_dir=out_dir, aside=aside, oom_advice=oom_advice)
     if device.startswith("cuda"):  # TF32 for float32 matmuls (bfloat16 autocast covers most of them anyway)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    if "RANK" not in os.environ:
-        return 0, 0, 1, device
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    if device.startswith("cuda"):
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-    else:
-        os.environ.update(gloo_environment())
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    if "RANK" in os.environ:  # under torchrun
+        if device.startswith("cuda"):
+            device = f"cuda:{local_rank}"
+            torch.cuda.set_device(device)
+        else:
+            os.environ.update(gloo_environment())
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return rank, local_rank, world, device
 
 def launch_processes(nprocs, device):
