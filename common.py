@@ -152,9 +152,8 @@ def check_resume(ckpt, kind, model_config):
 
 def finished_run(out_dir, step, total, option):
     """--resume of a run at the end of its schedule: nothing to train, its files stay as they are; exits."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train. To train longer, "
-              f"start a new --out_dir with a longer --{option} (continuing would raise a cooled-down learning rate again)")
+    print0(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train. To train longer, "
+           f"start a new --out_dir with a longer --{option} (continuing would raise a cooled-down learning rate again)")
     sys.exit(0)
 
 # ---- devices, dtype and processes
@@ -222,8 +221,8 @@ def teardown_distributed():
         dist.destroy_process_group()
 
 def print0(*args):
-    """print on the first process only, as one write, so that lines of processes never interleave."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    """print on the first process only (torchrun's RANK 0, as nanochat decides), as one write: lines never interleave."""
+    if int(os.environ.get("RANK", 0)) == 0:
         print(" ".join(map(str, args)) + "\n", end="", flush=True)
 
 def all_reduce_mean(x, device="cpu"):
