@@ -41,16 +41,15 @@ def _typed(key, value, default):
     if kind is None or value is None:
         return value
     value = float(value) if isinstance(kind, float) and type(value) is int else value  # --lr=1 is 1.0
-    n_lap_list = key == "n_lap" and isinstance(value, (list, tuple))
-    if not (n_lap_list or type(value) is type(kind) or isinstance(value, type(kind)) and not isinstance(value, bool)):
+    if type(value) is not type(kind) and not (key == "n_lap" and isinstance(value, (list, tuple))):  # n_lap: per layer
         like = f" like the default {default!r}" if default is not None else ""
         raise UsageError(f"--{key}={value!r} has type {type(value).__name__}, expected {type(kind).__name__}{like}")
     return list(value) if isinstance(value, tuple) else value
 
-def parse_args(defaults, argv=None):
+def parse_args(defaults, argv):
     """defaults, then config files and --key=value options in command-line order -> a new dict."""
     config = dict(defaults)
-    for arg in sys.argv[1:] if argv is None else argv:
+    for arg in argv:
         key, has_value, text = arg[2:].partition("=")
         if arg.startswith("--") and key not in config:
             raise UsageError(f"unknown option --{key};{_closest(key, config, '--')} --help lists every option")
@@ -153,9 +152,8 @@ def check_resume(ckpt, kind, model_config):
 
 def finished_run(out_dir, step, total, option):
     """--resume of a run at the end of its schedule: nothing to train, its files stay as they are; exits."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train. To train longer, "
-              f"start a new --out_dir with a longer --{option} (continuing would raise a cooled-down learning rate again)")
+    print0(f"{out_dir} holds a finished run (step {step} of {total}): --resume has nothing to train. To train longer, "
+           f"start a new --out_dir with a longer --{option} (continuing would raise a cooled-down learning rate again)")
     sys.exit(0)
 
 # ---- devices, dtype and processes
@@ -171,14 +169,24 @@ def resolve_device(device):
 
 def start_processes(out_dir, resume, device, oom_advice=""):
     """A run's start in every script: the first process prepares out_dir before the process group meets; oom_advice
-    follows an out-of-memory traceback. Returns (rank, local_rank, world, device)."""
+    follows an out-of-memory traceback. Under torchrun each process takes GPU LOCAL_RANK (nccl) or the CPU (gloo).
+    Returns (rank, local_rank, world, device)."""
     device = resolve_device(device)
-    aside = prepare_out_dir(out_dir, resume) if os.environ.get("RANK", "0") == "0" else None
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    aside = prepare_out_dir(out_dir, resume) if rank == 0 else None
     sys.excepthook = functools.partial(report_error, out_dir=out_dir, aside=aside, oom_advice=oom_advice)
-    rank, local_rank, world, device = setup_distributed(device)
     if device.startswith("cuda"):  # TF32 for float32 matmuls (bfloat16 autocast covers most of them anyway)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if "RANK" in os.environ:  # under torchrun
+        if device.startswith("cuda"):
+            device = f"cuda:{local_rank}"
+            torch.cuda.set_device(device)
+        else:
+            os.environ.update(gloo_environment())
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return rank, local_rank, world, device
 
 def launch_processes(nprocs, device):
@@ -206,22 +214,6 @@ def gloo_environment():
     was requested but PyTorch was build without libuv support", pytorch #139990)."""
     return {"USE_LIBUV": "0"} if os.name == "nt" else {}
 
-def setup_distributed(device="auto"):
-    """Under torchrun: GPU LOCAL_RANK (nccl) or CPU (gloo) per process; returns (rank, local_rank, world, device)."""
-    device = resolve_device(device)
-    if "RANK" not in os.environ:
-        return 0, 0, 1, device
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    if device.startswith("cuda"):
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-    else:
-        os.environ.update(gloo_environment())
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return rank, local_rank, world, device
-
 def teardown_distributed():
     """The end of a run's process: every process leaves the group together."""
     if dist.is_initialized():
@@ -229,8 +221,8 @@ def teardown_distributed():
         dist.destroy_process_group()
 
 def print0(*args):
-    """print on the first process only, as one write, so that lines of processes never interleave."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    """print on the first process only (torchrun's RANK 0, as nanochat decides), as one write: lines never interleave."""
+    if int(os.environ.get("RANK", 0)) == 0:
         print(" ".join(map(str, args)) + "\n", end="", flush=True)
 
 def all_reduce_mean(x, device="cpu"):
@@ -244,24 +236,20 @@ def all_reduce_mean(x, device="cpu"):
 def amp_dtype(device, requested="auto"):
     """The dtype of --dtype on device. 'auto': bfloat16 where the GPU has bfloat16 tensor cores (capability 8.0 and up,
     as nanochat decides); float16 with a gradient scaler below (a T4 emulates bfloat16, slowly); float32 on a CPU or MPS."""
+    if requested == "auto" and str(device).startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
     if requested not in ("auto", "float32", "bfloat16", "float16"):
         raise UsageError(f"--dtype={requested!r}: choose auto, float32, bfloat16 or float16")
-    if requested != "auto":
-        return getattr(torch, requested)
-    if not str(device).startswith("cuda"):
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+    return torch.float32 if requested == "auto" else getattr(torch, requested)
 
 def autocast(device, dtype):
     """(context, dtype) of --dtype (amp_dtype). float16 needs a torch.amp.GradScaler, enabled=dtype == torch.float16."""
     amp = amp_dtype(device, dtype)
     return (nullcontext() if amp == torch.float32 else torch.autocast(str(device).split(":")[0], dtype=amp)), amp
 
-def dtype_words(amp):
-    """How a run names its arithmetic (amp_dtype's answer) in its first lines."""
-    if amp == torch.float16:
-        return "float16 autocast with a gradient scaler"
-    return "bfloat16 autocast" if amp == torch.bfloat16 else "float32"
+# how a run names its arithmetic (amp_dtype's answer) in its first lines
+DTYPE_WORDS = {torch.float32: "float32", torch.bfloat16: "bfloat16 autocast",
+               torch.float16: "float16 autocast with a gradient scaler"}
 
 def check_compile(compile_model, device):
     """--compile_model on a CUDA GPU needs Triton (inductor writes Triton kernels): without, one line before training."""
@@ -279,7 +267,6 @@ GPU_PEAK_FLOPS = {
     r"T4": 65e12, r"V100 SXM2": 125e12, r"V100 PCIE": 112e12, r"RTX A6000": 154.8e12, r"RTX 4090": 165.2e12,
     r"RTX 4080": 97.5e12, r"RTX 3090 TI": 80e12, r"RTX 3090": 71e12, r"RTX 3080": 59.5e12,
 }
-NO_BFLOAT16_TENSOR_CORES = r"T4|V100( .*)?"  # the table's GPUs before Ampere: bfloat16 is emulated there
 
 def peak_flops(device, name=None, dtype=torch.float16):
     """Dense peak FLOP/s of a CUDA device (or a GPU called `name`) in dtype; None for a CPU, an unknown GPU, float32."""
@@ -287,7 +274,7 @@ def peak_flops(device, name=None, dtype=torch.float16):
         return None
     words = re.split(r"[\s_-]+", (name or torch.cuda.get_device_name(device)).strip().upper())
     chip = " ".join(w for w in words if w not in ("NVIDIA", "TESLA", "GEFORCE") and not re.fullmatch(r"\d+GB|HBM\w*", w))
-    if dtype == torch.bfloat16 and re.fullmatch(NO_BFLOAT16_TENSOR_CORES, chip):
+    if dtype == torch.bfloat16 and re.fullmatch(r"T4|V100( .*)?", chip):  # before Ampere: bfloat16 is emulated
         return None
     return next((flops for key, flops in GPU_PEAK_FLOPS.items() if re.fullmatch(key, chip)), None)
 
@@ -386,11 +373,10 @@ def load_checkpoint(path, context="", map_location="cpu"):
         raise UsageError(f"{context}{path} is not a nanolap checkpoint (a dict of tensors and plain data)")
     return ckpt
 
-def load_model(path_or_ckpt, key="model", map_location="cpu"):
-    """Rebuild a model from a nanolap checkpoint (a path or an already loaded dict)."""
-    ckpt = load_checkpoint(path_or_ckpt, "", map_location) if isinstance(path_or_ckpt, str) else path_or_ckpt
+def load_model(ckpt):
+    """Rebuild the model of a loaded nanolap checkpoint (load_checkpoint)."""
     model = build_model(Config(**ckpt["model_config"]))
-    model.load_state_dict(clean_state_dict(ckpt[key]))
+    model.load_state_dict(clean_state_dict(ckpt["model"]))
     return model
 
 def prepare_out_dir(out_dir, resume):
@@ -433,15 +419,12 @@ def _result_value(v):
         return json.dumps(v, separators=(",", ":"))
     return str(v)
 
-def parse_result(text):
-    """The key=value pairs (strings, in order) of the last RESULT line anywhere in text; {} without one."""
-    lines = re.findall(r"RESULT (\S.*)", text)
-    return dict(word.split("=", 1) for word in lines[-1].split() if "=" in word) if lines else {}
-
 def read_result(run_dir):
-    """parse_result of run_dir/result.txt; {} without one."""
+    """The key=value pairs (strings, in order) of run_dir/result.txt, the RESULT line; {} without one."""
     path = os.path.join(run_dir, RESULT)
-    return parse_result(open(path).read()) if os.path.isfile(path) else {}
+    if not os.path.isfile(path):
+        return {}
+    return dict(word.split("=", 1) for word in open(path).read().split() if "=" in word)
 
 def check_finite(loss, step):
     """Stop before the optimizer step when the loss is NaN or inf."""
@@ -456,19 +439,18 @@ def format_time(seconds):
 def report_error(kind, error, tb, out_dir=None, aside=None, oom_advice=""):
     """The scripts' sys.excepthook: bad input, a non-finite loss and Ctrl-C end in one line from the first process that
     says what was saved where; an error in the code keeps its traceback, out of memory adds advice after it."""
+    saved = ""  # what a run that stops now leaves: its checkpoint, or nothing (and where an earlier run went)
+    if out_dir and os.path.isfile(os.path.join(out_dir, CHECKPOINT)):
+        saved = f"; the last checkpoint is intact: continue with --resume --out_dir={out_dir}"
+    elif out_dir:
+        saved = "; no checkpoint yet, nothing to resume" + (f"; the earlier run in {out_dir} is in {aside}" if aside else "")
     if issubclass(kind, KeyboardInterrupt):
-        message = "interrupted" + (f"; {saved(out_dir, aside)}" if out_dir else "")
+        message = "interrupted" + saved
     elif issubclass(kind, (UsageError, OSError, FloatingPointError)):
-        message = f"error: {error}" + (f"; {saved(out_dir, aside)}" if out_dir and kind is FloatingPointError else "")
+        message = f"error: {error}" + (saved if kind is FloatingPointError else "")
     else:
         sys.__excepthook__(kind, error, tb)
         out_of_memory = isinstance(error, torch.OutOfMemoryError) or "MPS backend out of memory" in str(error)
         message = f"out of memory {oom_advice}" if out_of_memory and oom_advice else None
     if message and int(os.environ.get("RANK", 0)) == 0:
         print(message, file=sys.__stderr__, flush=True)  # a process group prefixes sys.stderr's lines with the rank
-
-def saved(out_dir, aside):
-    """What a run that stops now leaves: the checkpoint to resume from, or nothing (and where an earlier run went)."""
-    if os.path.isfile(os.path.join(out_dir, CHECKPOINT)):
-        return f"the last checkpoint is intact: continue with --resume --out_dir={out_dir}"
-    return "no checkpoint yet, nothing to resume" + (f"; the earlier run in {out_dir} is in {aside}" if aside else "")

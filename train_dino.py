@@ -313,7 +313,7 @@ if __name__ == "__main__":
            f"Laplacian, d={model_config.n_embd}, patch {model_config.patch_size}, {student.backbone.num_params():,} params; "
            f"DINO head with {out_dim} prototypes; {n_train} images, {max_iters} steps; "
            + (f"{local_crops} local crops" if local_crops else "no local crops")
-           + f"; {run_device}, {common.dtype_words(amp_dtype)}")
+           + f"; {run_device}, {common.DTYPE_WORDS[amp_dtype]}")
 
     # ---- optimizer (and the state of a resumed run)
     optimizer = torch.optim.AdamW(param_groups(student), lr=0.0, fused=device_type in ("cuda", "cpu"))

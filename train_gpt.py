@@ -297,7 +297,7 @@ if __name__ == "__main__":
            f"({raw_model.num_params(exclude_embedding=True) / 1e6:.2f}M without the embedding)")
     print0(f"batch: {total:,} tokens per step = {batch_size} x {block_size} tokens x {world} process(es) x "
            f"{grad_accum} micro-step(s); {optimizer_name} optimizer; {run_device}, "
-           f"{common.dtype_words(amp_dtype)}{', compiled' if compile_model else ''}")
+           f"{common.DTYPE_WORDS[amp_dtype]}{', compiled' if compile_model else ''}")
     if master and ckpt is not None:
         print(f"resumed from {ckpt_path} at step {step}")
         with open(log_path, "a+") as f:  # a+: the file may not exist yet

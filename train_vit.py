@@ -303,7 +303,7 @@ if __name__ == "__main__":
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{resolution}x{resolution}, "
-           f"{len(classes)} classes, on {run_device} in {common.dtype_words(amp_dtype)}, "
+           f"{len(classes)} classes, on {run_device} in {common.DTYPE_WORDS[amp_dtype]}, "
            f"{world} process{'es' if world > 1 else ''}")
     print0(f"model: {preset} {model_config.n_layer} layers, d {model_config.n_embd}, {model_config.n_head} heads, "
            f"patch {model_config.patch_size} ({tokens} tokens), Laplacian heads per layer "

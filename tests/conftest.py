@@ -1,10 +1,11 @@
 """Test set-up shared by every test file: the repo root on sys.path, idle OpenMP threads that sleep instead of
 spinning (on a busy 2-core machine spinning threads steal the cores they wait for), and the helpers the test files
-share (`from conftest import ROOT, ENV, run, run_here, result, randomise, float32_matmuls`; the `data_dir`
-fixture)."""
+share (`from conftest import ROOT, ENV, run, run_here, parse_result, result, randomise, float32_matmuls`; the
+`data_dir` fixture)."""
 
 import os
 import random
+import re
 import runpy
 import subprocess
 import sys
@@ -18,7 +19,6 @@ sys.path.insert(0, os.path.join(ROOT, "results"))  # results/report.py, the swee
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import common  # noqa: E402
 
 # the environment of every script a test starts: one thread (tiny models: a second one only waits for a busy
 # core), no CUDA (the tests measure the CPU path), the repo importable from any folder
@@ -67,9 +67,15 @@ SHORT_GROUP_TIMEOUT = ("import datetime, torch.distributed as dist\ninit = dist.
                        "dist.init_process_group = lambda backend: init(backend, timeout=datetime.timedelta(seconds=5))\n")
 
 
+def parse_result(text):
+    """The key=value pairs (strings, in order) of the last RESULT line anywhere in text; {} without one."""
+    lines = re.findall(r"RESULT (\S.*)", text)
+    return dict(word.split("=", 1) for word in lines[-1].split() if "=" in word) if lines else {}
+
+
 def result(text):
-    """The last RESULT line in text as {key: value string}, in its order (common.parse_result); fails without one."""
-    found = common.parse_result(text)
+    """The last RESULT line in text as {key: value string}, in its order (parse_result); fails without one."""
+    found = parse_result(text)
     assert found, f"no RESULT line in:\n{text[-2000:]}"
     return found
 

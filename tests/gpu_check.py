@@ -82,7 +82,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
 from common import configure, peak_flops, write_result  # noqa: E402
-from conftest import float32_matmuls, randomise  # noqa: E402
+from conftest import float32_matmuls, parse_result, randomise  # noqa: E402
 from data import images  # noqa: E402
 from nanolap import DINOHead, build_model, make_config  # noqa: E402
 
@@ -289,7 +289,7 @@ def seconds_left(until):
 
 def result_of(lines):
     """The key=value pairs of the last RESULT line ({} without one)."""
-    return common.parse_result("\n".join(text for _, text in lines))
+    return parse_result("\n".join(text for _, text in lines))
 
 
 def logged_losses(lines):

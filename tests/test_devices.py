@@ -48,7 +48,7 @@ def test_auto_dtype_follows_the_capability_and_mfu_its_peak(monkeypatch, name, c
     assert common.amp_dtype("cuda") == dtype and common.amp_dtype("cuda:1", "auto") == dtype
     assert common.peak_flops("cuda", dtype=dtype) == peak
     assert common.peak_flops("cuda", dtype=torch.float32) is None  # TF32 peaks are not in the table
-    words = common.dtype_words(dtype)
+    words = common.DTYPE_WORDS[dtype]
     assert words == ("float16 autocast with a gradient scaler" if dtype == torch.float16 else "bfloat16 autocast")
     assert common.amp_dtype("cuda", "float32") == torch.float32  # an explicit choice stands
     assert common.amp_dtype("cpu") == common.amp_dtype("mps") == torch.float32
@@ -238,9 +238,10 @@ def test_compile_without_triton_is_one_line_before_training(monkeypatch, tmp_pat
 
 
 # ---- Windows and the CPU processes' group
-def test_gloo_turns_libuv_off_on_windows(monkeypatch):
+def test_gloo_turns_libuv_off_on_windows(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(common.dist, "init_process_group", lambda backend: seen.update(os.environ))
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # put back after the test
     monkeypatch.delenv("USE_LIBUV", raising=False)
     for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1").items():
         monkeypatch.setenv(key, value)
@@ -249,7 +250,7 @@ def test_gloo_turns_libuv_off_on_windows(monkeypatch):
     os.name = "nt"  # only for this call: pytest's own reporting needs the real one
     try:
         windows = common.gloo_environment()
-        started = common.setup_distributed("cpu")
+        started = common.start_processes(str(tmp_path / "run"), False, "cpu")
     finally:
         os.name = real
     assert windows == {"USE_LIBUV": "0"} and started == (0, 0, 1, "cpu") and seen["USE_LIBUV"] == "0"

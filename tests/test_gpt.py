@@ -480,7 +480,7 @@ def test_teardown_leaves_after_the_last_collective(tmp_path):
     script.write_text(f"""import atexit, os, sys
 sys.path.insert(0, {ROOT!r})
 import common
-rank = common.setup_distributed("cpu")[0]
+rank = common.start_processes({str(tmp_path)!r}, False, "cpu")[0]
 common.all_reduce_mean(1.0)
 atexit.register(lambda: open(os.path.join({str(tmp_path)!r}, f"atexit{{rank}}"), "w").close())
 sys.stdout.write(f"rank {{rank}} unflushed;")  # a pipe buffers it
@@ -592,7 +592,7 @@ def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
     first = [json.loads(line) for line in open(tmp_path / "log.jsonl")][-1]  # the evaluation at step 3
     train(args + ["--resume"])
     out, resumed = capsys.readouterr().out, common.read_result(str(tmp_path))
-    assert "cuda" in out and common.dtype_words(common.amp_dtype("cuda")) in out and "tok/s" in out
+    assert "cuda" in out and common.DTYPE_WORDS[common.amp_dtype("cuda")] in out and "tok/s" in out
     assert math.isfinite(first["val_loss"]) and float(resumed["val_loss"]) < first["val_loss"] + 0.5
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6
 

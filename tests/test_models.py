@@ -194,7 +194,7 @@ def test_compiled_equals_eager_and_checkpoint_round_trip(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     common.save_checkpoint({"model": compiled.state_dict(), "model_config": asdict(model.config)}, path)
     assert any(k.startswith("_orig_mod.") for k in torch.load(path, weights_only=True)["model"])
-    loaded = common.load_model(path).eval()
+    loaded = common.load_model(common.load_checkpoint(path)).eval()
     assert loaded.config == model.config
     with torch.no_grad():
         torch.testing.assert_close(loaded(idx), model(idx), atol=0, rtol=0)

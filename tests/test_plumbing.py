@@ -356,7 +356,7 @@ def test_a_cuda_run_allows_tf32(monkeypatch, tmp_path):
     float32 after a run in the same process turn it off (conftest.float32_matmuls)."""
     from conftest import float32_matmuls
     monkeypatch.setattr(common, "resolve_device", lambda device: device)  # the flags need no GPU
-    monkeypatch.setattr(common, "setup_distributed", lambda device: (0, 0, 1, "cuda"))
+    monkeypatch.delenv("RANK", raising=False)  # one process: no process group
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # put back after the test
     with float32_matmuls():
         common.start_processes(str(tmp_path / "run"), False, "cuda")
