@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import configurator
 import nanolap
 from common import UsageError
 from data import augment, images, text
@@ -787,7 +788,7 @@ def checked_checkpoints(paths, config):
     etf = config["etf_classes"]
     if len(etf) != 3 or len(set(etf)) != 3 or not all(isinstance(c, int) and c >= 0 for c in etf):
         raise UsageError(f"--etf_classes={etf}: give three different class indices, e.g. --etf_classes=[0,1,2]")
-    common.check_options(config, at_least={1: ["max_samples", "batch_size"], 2: ["n_targets"]},
+    configurator.check_options(config, at_least={1: ["max_samples", "batch_size"], 2: ["n_targets"]},
                           choices={"tokens": ("patch", "all")})
     ckpts = []
     for p in paths:
@@ -913,7 +914,7 @@ def run_folders(ckpts, out):
     return folders
 
 if __name__ == "__main__":
-    config, _ = common.configure(globals(), [a for a in sys.argv[1:] if not is_run_path(a)])
+    config, _ = configurator.configure(globals(), [a for a in sys.argv[1:] if not is_run_path(a)])
     paths = [a for a in sys.argv[1:] if is_run_path(a)]
     ckpts = checked_checkpoints(paths, config)
     run_device = common.resolve_device("cpu" if device == "auto" and not torch.cuda.is_available() else device)

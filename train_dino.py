@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
+import configurator
 import nanolap
 import probes
 from common import UsageError, print0
@@ -211,7 +212,7 @@ def epoch_batches(x_train, subset, n, batch_size, step, seed, rank, world, num_w
 # ---------------------------------------------------------------- run
 
 if __name__ == "__main__":
-    config, ckpt = common.configure(globals(), schedule=("epochs", "warmup_epochs", "warmup_teacher_temp_epochs"))
+    config, ckpt = configurator.configure(globals(), schedule=("epochs", "warmup_epochs", "warmup_teacher_temp_epochs"))
 
     # ---- validation: every bad input fails here, in one line, before data is read or processes start
     for key, top in (("global_scale", 1), ("local_scale", 1), ("blur_sigma", math.inf)):
@@ -220,7 +221,7 @@ if __name__ == "__main__":
             raise UsageError(f"--{key}={lo_hi}: expected [low, high] with 0 <= low <= high" + " <= 1" * (top == 1))
     if len(jitter) != 4 or min(jitter) < 0 or jitter[3] > 0.5:
         raise UsageError(f"--jitter={jitter}: expected [brightness, contrast, saturation, hue] >= 0, hue <= 0.5")
-    common.check_options(config, at_least={
+    configurator.check_options(config, at_least={
         1: ("batch_size", "out_dim", "head_hidden", "head_bottleneck", "global_size", "local_size", "eval_interval",
             "log_interval", "knn_k", "probe_steps", "linear_blocks", "cpu_procs"),
         0: ("local_crops", "train_subset", "eval_train", "eval_val", "seg_train", "seg_val", "warmup_epochs",
@@ -269,7 +270,7 @@ if __name__ == "__main__":
     if batch_size > n_train:
         raise UsageError(f"--batch_size={batch_size} is larger than the {n_train} training images")
     in_chans = 3 if dataset == "imagefolder" else x_train.shape[1]
-    model_config = common.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0)
+    model_config = configurator.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0)
     teacher_config = replace(model_config, drop_path=0.0)  # the teacher has no drop path
     for key in ["local_size"] * (local_crops > 0) + ["seg_size"] * (seg_dataset != "none"):  # only sizes in use
         if config[key] % model_config.patch_size:
@@ -283,7 +284,7 @@ if __name__ == "__main__":
     steps_per_epoch = n_train // batch_size
     max_iters = max(1, round(epochs * steps_per_epoch))
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
-        common.finished_run(out_dir, ckpt["step"], max_iters, "epochs")
+        configurator.finished_run(out_dir, ckpt["step"], max_iters, "epochs")
     rank, local_rank, world, run_device = common.start_processes(
         out_dir, resume, device, oom_advice=f"in the run {out_dir} at {batch_size} images per step, "
         f"{2 + local_crops} crops each: lower --batch_size or --local_crops (no gradient accumulation here)")
@@ -324,7 +325,7 @@ if __name__ == "__main__":
     start_step = 0
     knn_init = None
     if ckpt is not None:
-        common.check_resume(ckpt, "dino", teacher_config)
+        configurator.check_resume(ckpt, "dino", teacher_config)
         student.load_state_dict(common.clean_state_dict(ckpt["student"]))
         teacher.load_state_dict(common.clean_state_dict(ckpt["teacher"]))
         center = ckpt["center"].to(run_device)

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
+import configurator
 import nanolap
 from common import UsageError, print0
 from data import text
@@ -201,9 +202,9 @@ def sample_checkpoint(path, device, prompt, num_samples, max_new_tokens, tempera
 # ---------------------------------------------------------------- run
 
 if __name__ == "__main__":
-    config, ckpt = common.configure(globals(), schedule=("max_iters", "warmup_iters", "warmdown_frac"))
+    config, ckpt = configurator.configure(globals(), schedule=("max_iters", "warmup_iters", "warmdown_frac"))
     # ---- validation: every mistake in the options fails here, in one line, before any work
-    common.check_options(config, at_least={
+    configurator.check_options(config, at_least={
         1: ("max_iters", "eval_interval", "eval_iters", "log_interval", "block_size", "batch_size", "num_samples",
             "cpu_procs"),
         0: ("stop_at_step", "warmup_iters", "total_batch_size", "seed", "max_new_tokens", "top_k", "temperature",
@@ -219,12 +220,12 @@ if __name__ == "__main__":
                          f"{ckpt['model_config']['block_size']} (its rotary embeddings end there)")
     common.check_compile(compile_model, common.resolve_device(device))
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
-    model_config = common.config_from_options(config, "gpt")  # the model options; the vocabulary comes with the data
+    model_config = configurator.config_from_options(config, "gpt")  # the model options; the vocabulary comes with the data
     common.launch_processes(cpu_procs, device)
     meta = text.load_meta(data_dir, dataset)  # a missing dataset fails before out_dir is touched
     model_config = replace(model_config, vocab_size=text.model_vocab_size(meta["vocab_size"]))
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
-        common.finished_run(out_dir, ckpt["step"], max_iters, "max_iters")
+        configurator.finished_run(out_dir, ckpt["step"], max_iters, "max_iters")
     rank, local_rank, world, run_device = common.start_processes(
         out_dir, resume, device, oom_advice=f"in the run {out_dir} at {batch_size} sequences of {block_size} "
         f"tokens per process and micro-step: lower --batch_size (--total_batch_size keeps the global batch)")
@@ -257,7 +258,7 @@ if __name__ == "__main__":
     best_val_loss = float("inf")
     time_before = 0.0  # training time of earlier runs
     if ckpt is not None:
-        common.check_resume(ckpt, "gpt", model_config)
+        configurator.check_resume(ckpt, "gpt", model_config)
         raw_model.load_state_dict(common.clean_state_dict(ckpt["model"]))
         for optimizer, state in zip(optimizers, ckpt["optimizer"]):
             hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
+import configurator
 import nanolap
 from common import UsageError, print0
 from data import augment, folders, images
@@ -203,9 +204,9 @@ def evaluate(model, batches, img_size, mean, std, ctx=nullcontext(), world=1):
 # ----------------------------------------------------------------------------- run
 
 if __name__ == "__main__":
-    config, ckpt = common.configure(globals(), schedule=("epochs", "warmup_epochs"))
+    config, ckpt = configurator.configure(globals(), schedule=("epochs", "warmup_epochs"))
     t_start = time.time()
-    common.check_options(config, at_least={
+    configurator.check_options(config, at_least={
         1: ("epochs", "batch_size", "grad_accum", "log_interval", "cpu_procs"),
         0: ("train_subset", "val_subset", "img_size", "crop_padding", "rand_augment", "ckpt_interval", "stop_at_step",
             "num_workers", "cpu_threads")},
@@ -243,10 +244,10 @@ if __name__ == "__main__":
         in_chans = train_x.shape[1]
         mean = data["mean"]
         std = data["std"]
-    model_config = common.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
+    model_config = configurator.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
                                               num_classes=len(classes))
     if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
-        common.finished_run(out_dir, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs")
+        configurator.finished_run(out_dir, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs")
     rank, local_rank, world, run_device = common.start_processes(
         out_dir, resume, device, oom_advice=f"in the run {out_dir} at {batch_size} images per process and "
         f"micro-step: lower --batch_size and raise --grad_accum as much to keep the global batch")
@@ -277,7 +278,7 @@ if __name__ == "__main__":
     val_acc = float("nan")
     val_loss = float("nan")
     if ckpt is not None:
-        common.check_resume(ckpt, "vit", model_config)
+        configurator.check_resume(ckpt, "vit", model_config)
         if ckpt["steps_per_epoch"] != steps_per_epoch:
             raise UsageError(f"--resume: the checkpoint has {ckpt['steps_per_epoch']} steps per epoch, this run "
                              f"{steps_per_epoch}; keep the global batch and the dataset the same")

@@ -34,6 +34,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
+import configurator  # noqa: E402
 from data import augment, images, text  # noqa: E402
 from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
 
@@ -779,7 +780,7 @@ def main(argv=None):
         return show_hint(number, asked[-1])
     solution = "--solution" in rest
     try:
-        options = common.parse_args(OPTIONS[number], [a for a in rest if a != "--solution"])
+        options = configurator.parse_args(OPTIONS[number], [a for a in rest if a != "--solution"])
         module = load(number, solution) if number in FILES else None
         what = f"checking {os.path.relpath(module.__file__)}" if module is not None else "your runs"
         print(f"exercise {number} ({rating(number)}): {what}")

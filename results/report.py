@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 import analyze  # noqa: E402
 import common  # noqa: E402
+import configurator  # noqa: E402
 import stats  # noqa: E402  (results/stats.py, beside this file)
 from common import UsageError  # noqa: E402
 
@@ -793,7 +794,7 @@ def analysed_runs(folders):
     return found
 
 if __name__ == "__main__":
-    config, _ = common.configure(globals(), [a for a in sys.argv[1:] if a.startswith("-")])
+    config, _ = configurator.configure(globals(), [a for a in sys.argv[1:] if a.startswith("-")])
     folders = [a for a in sys.argv[1:] if not a.startswith("-")]
     if folders:  # compare analysed runs
         parent = os.path.commonpath([os.path.abspath(f) for f in folders])

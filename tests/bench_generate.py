@@ -20,7 +20,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from common import configure, resolve_device, write_result  # noqa: E402
+from common import resolve_device, write_result  # noqa: E402
+from configurator import configure  # noqa: E402
 from nanolap import build_model, make_config  # noqa: E402
 
 rounds = 5  # interleaved rounds; the median of each sampler's speed and of their ratio is reported

@@ -25,7 +25,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from common import UsageError, configure  # noqa: E402
+from common import UsageError  # noqa: E402
+from configurator import configure  # noqa: E402
 
 trees = "."  # code trees to measure, separated by commas (e.g. .,/work/base); the first is the reference of `vs first`
 scripts = "vit,gpt,dino,analyze"  # which to measure, separated by commas

@@ -81,7 +81,8 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
-from common import configure, peak_flops, write_result  # noqa: E402
+from common import peak_flops, write_result  # noqa: E402
+from configurator import configure  # noqa: E402
 from conftest import float32_matmuls, parse_result, randomise  # noqa: E402
 from data import images  # noqa: E402
 from nanolap import DINOHead, build_model, make_config  # noqa: E402

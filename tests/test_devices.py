@@ -262,11 +262,11 @@ def test_processes_that_cannot_start_end_in_one_line_saying_what_to_do(tmp_path)
     names --cpu_procs=1, no traceback."""
     script = tmp_path / "group.py"
     script.write_text(
-        "import common, torch.distributed.run as torchrun\n"
+        "import common, configurator, torch.distributed.run as torchrun\n"
         "def no_rendezvous(args):\n"
         "    raise RuntimeError('The server socket has failed to listen on any local network address.\\nmore')\n"
         "torchrun.run = no_rendezvous\n"
-        "common.configure({'__file__': __file__, '__doc__': ''}, [])\n"
+        "configurator.configure({'__file__': __file__, '__doc__': ''}, [])\n"
         "common.launch_processes(2, 'cpu')\n")
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=120)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
 import common
+import configurator
 import probes
 import train_dino as td
 from common import load_checkpoint
@@ -309,8 +310,8 @@ def test_imagenet_config_is_one_dino_recipe_on_vit_s16():
     carries the boosted ViT-S recipe (not a mix of it and the vanilla one) at the paper's 50 epochs, and says where
     every value comes from."""
     path = os.path.join(ROOT, "config", "dino_vits16_imagenet.py")
-    config = common.parse_args(options(), [path])
-    cfg = common.config_from_options(config, "vit", img_size=config["global_size"], in_chans=3, num_classes=0)
+    config = configurator.parse_args(options(), [path])
+    cfg = configurator.config_from_options(config, "vit", img_size=config["global_size"], in_chans=3, num_classes=0)
     assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.patch_size, cfg.img_size) == (12, 384, 6, 16, 224)
     with torch.device("meta"):  # the shapes without allocating the weights
         params = sum(p.numel() for p in ViT(cfg).parameters())
@@ -325,7 +326,7 @@ def test_help_lists_every_option_with_its_comment(capsys):
     hook = sys.excepthook
     try:
         with pytest.raises(SystemExit) as exit_:
-            common.configure(dict(vars(td)), argv=["--help"])
+            configurator.configure(dict(vars(td)), argv=["--help"])
     finally:
         sys.excepthook = hook
     out = capsys.readouterr().out

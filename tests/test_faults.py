@@ -20,6 +20,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
+import configurator  # noqa: E402
 from common import load_checkpoint  # noqa: E402
 
 # as in a user's shell: stdout buffered when it is not a terminal (this machine's PYTHONUNBUFFERED=1 would hide that)
@@ -236,12 +237,12 @@ def test_unknown_options_name_the_closest_valid_ones(tmp_path):
                           (["--batchsize=64"], "unknown option --batchsize; did you mean --batch_size?"),
                           (["--zzz=1"], "unknown option --zzz; --help lists every option")):
         with pytest.raises(common.UsageError) as e:
-            common.parse_args(defaults, argv)
+            configurator.parse_args(defaults, argv)
         assert str(e.value).startswith(message) and len(str(e.value)) < 120, str(e.value)
     f = tmp_path / "cfg.py"
     f.write_text("n_lap = 2\nwarmup_epoch = 1.0\n")
     with pytest.raises(common.UsageError) as e:
-        common.parse_args(defaults, [str(f)])
+        configurator.parse_args(defaults, [str(f)])
     assert str(e.value) == (f"config file {f}: line 2: unknown key 'warmup_epoch'; did you mean warmup_epochs? "
                             f"--help lists every option")
 

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
+import configurator  # noqa: E402
 import train_gpt  # noqa: E402
 from common import UsageError, load_checkpoint, save_checkpoint  # noqa: E402
 from conftest import SHORT_GROUP_TIMEOUT, result, run_here, torchrun_with  # noqa: E402
@@ -403,9 +404,9 @@ def test_resume_accepts_a_checkpoint_written_before_n_kv_head():
     """A checkpoint's model_config without a field added since (n_kv_head) means that field's default."""
     cfg = make_config("gpt-tiny", vocab_size=50)
     older = {k: v for k, v in asdict(cfg).items() if k != "n_kv_head"}
-    common.check_resume(dict(kind="gpt", model_config=older), "gpt", cfg)
+    configurator.check_resume(dict(kind="gpt", model_config=older), "gpt", cfg)
     with pytest.raises(UsageError, match="the checkpoint holds a different model"):
-        common.check_resume(dict(kind="gpt", model_config=older), "gpt", make_config("gpt-tiny", vocab_size=50, n_kv_head=2))
+        configurator.check_resume(dict(kind="gpt", model_config=older), "gpt", make_config("gpt-tiny", vocab_size=50, n_kv_head=2))
 
 # -----------------------------------------------------------------------------
 # slow tier: resume, processes, checkpoints, subprocess errors, the prepare commands

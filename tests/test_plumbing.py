@@ -1,4 +1,4 @@
-"""The run plumbing every script shares (common.py), in the order a run meets it:
+"""The run plumbing every script shares (common.py and configurator.py), in the order a run meets it:
 options (parse_args, configure, config_from_options, --resume, check_options, check_resume), devices and dtypes, the
 non-finite guard, the cosine schedule, checkpoints and atomic writes, the random state, the output folder and the
 RESULT line."""
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import common
+import configurator
 import nanolap
 from conftest import ROOT
 from nanolap import Config
@@ -23,13 +24,13 @@ from nanolap import Config
 
 def test_parse_args_overrides_config_files_and_errors(tmp_path):
     defaults = dict(lr=1e-3, batch_size=64, dataset="fashion_mnist", compile=False, n_lap=0, preset=None)
-    cfg = common.parse_args(defaults, ["--lr=3e-4", "--batch_size=32", "--dataset=cifar10", "--compile",
+    cfg = configurator.parse_args(defaults, ["--lr=3e-4", "--batch_size=32", "--dataset=cifar10", "--compile",
                                         "--n_lap=[0,1,2]", "--preset='vit-b'"])
     assert cfg == dict(lr=3e-4, batch_size=32, dataset="cifar10", compile=True, n_lap=[0, 1, 2], preset="vit-b")
-    assert common.parse_args(defaults, ["--lr=1"])["lr"] == 1.0  # an int where a float is expected is fine
+    assert configurator.parse_args(defaults, ["--lr=1"])["lr"] == 1.0  # an int where a float is expected is fine
     f = tmp_path / "cfg.py"
     f.write_text("# a comment\nlr = 0.01\nn_lap = 3\n")
-    assert common.parse_args(defaults, [str(f), "--lr=0.5"])["lr"] == 0.5
+    assert configurator.parse_args(defaults, [str(f), "--lr=0.5"])["lr"] == 0.5
     for argv, message in [(["--learning_rate=1"], "unknown option --learning_rate"),
                           (["--batch_size=3.5"], "expected int"),
                           (["--batch_size=big"], "expected int"),
@@ -38,13 +39,13 @@ def test_parse_args_overrides_config_files_and_errors(tmp_path):
                           (["nonexistent.py"], "neither"),
                           (["--n_lap=1.5"], "expected int")]:
         with pytest.raises(common.UsageError, match=message):
-            common.parse_args(defaults, argv)
+            configurator.parse_args(defaults, argv)
     f.write_text("import os\n")
     with pytest.raises(common.UsageError, match="only `key = value`"):
-        common.parse_args(defaults, [str(f)])
+        configurator.parse_args(defaults, [str(f)])
     f.write_text("lr = __import__('os').getcwd()\n")
     with pytest.raises(common.UsageError, match="literal"):
-        common.parse_args(defaults, [str(f)])
+        configurator.parse_args(defaults, [str(f)])
 
 
 def fake_script(tmp_path, text):
@@ -70,11 +71,11 @@ _private = 1
 
 def test_configure_reads_the_options_from_the_globals_and_writes_them_back(tmp_path, capsys):
     ns = fake_script(tmp_path, SCRIPT)
-    config, ckpt = common.configure(ns, ["--lr=0.01", "--n_lap=[0,1,2,4]"])
+    config, ckpt = configurator.configure(ns, ["--lr=0.01", "--n_lap=[0,1,2,4]"])
     assert ckpt is None and sorted(config) == ["lr", "n_embd", "n_lap", "out_dir", "preset", "resume"]
     assert ns["lr"] == 0.01 and ns["n_lap"] == [0, 1, 2, 4] and ns["MAX"] == 3
     with pytest.raises(SystemExit) as exit_:
-        common.configure(fake_script(tmp_path, SCRIPT), ["--help"])
+        configurator.configure(fake_script(tmp_path, SCRIPT), ["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and out.startswith("A test script.")
     assert "--lr=0.001  # the peak learning rate" in out and "--n_embd=None  # None = the preset's width" in out
@@ -85,37 +86,37 @@ def test_only_commented_top_level_literals_are_options(tmp_path):
     """A script's options are its `name = literal  # comment` lines: a global without a comment, one set in a
     block, or one whose value is not a literal stays the script's own, and --it=... is refused as unknown."""
     ns = fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\nzeros = torch.zeros(1)  # a tensor\n')
-    config, _ = common.configure(ns, [])
+    config, _ = configurator.configure(ns, [])
     assert sorted(config) == ["lr", "n_embd", "n_lap", "out_dir", "preset", "resume"]
     for argv in (["--it=2"], ["--step=1"], ["--zeros=0"]):
         with pytest.raises(common.UsageError, match=f"unknown option {argv[0].split('=')[0]};"):
-            common.configure(fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\n'
+            configurator.configure(fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\n'
                                           'zeros = torch.zeros(1)  # a tensor\n'), argv)
 
 
 def test_config_from_options_derives_the_model_config_from_its_fields(tmp_path):
     ns = fake_script(tmp_path, SCRIPT)
-    config, _ = common.configure(ns, ["--n_embd=32"])
-    cfg = common.config_from_options(config, "vit", num_classes=3)
+    config, _ = configurator.configure(ns, ["--n_embd=32"])
+    cfg = configurator.config_from_options(config, "vit", num_classes=3)
     assert (cfg.n_embd, cfg.n_lap, cfg.patch_size, cfg.num_classes) == (32, 2, 7, 3)  # option, option, preset, data
     with pytest.raises(common.UsageError, match="--preset='gpt-tiny': choose one of"):
-        common.config_from_options(dict(config, preset="gpt-tiny"), "vit")
+        configurator.config_from_options(dict(config, preset="gpt-tiny"), "vit")
 
 
 def test_resume_takes_the_checkpoint_options_and_refuses_model_changes(tmp_path):
     out = tmp_path / "run"
     cfg = dict(out_dir=str(out), resume=False, lr=0.5, n_lap=3, preset="vit-cpu", n_embd=None)
     common.save_checkpoint({"config": cfg, "model_config": {}}, str(out / "ckpt.pt"))
-    config, ckpt = common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}"])
+    config, ckpt = configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}"])
     assert ckpt is not None and config["lr"] == 0.5 and config["n_lap"] == 3 and config["resume"]
-    config, _ = common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"])
+    config, _ = configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"])
     assert config["lr"] == 0.1  # a training option may change ...
     with pytest.raises(common.UsageError, match=r"cannot change the model, data or schedule \(--n_lap=4 \(checkpoint: 3\)"):
-        common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--n_lap=4"])  # ... the model not
+        configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--n_lap=4"])  # ... the model not
     with pytest.raises(common.UsageError, match=r"or schedule \(--lr=0.1 \(checkpoint: 0.5\)\)\. To train longer"):
-        common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"], schedule=("lr",))
+        configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"], schedule=("lr",))
     with pytest.raises(FileNotFoundError, match="--resume: no checkpoint at"):
-        common.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={tmp_path / 'none'}"])
+        configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={tmp_path / 'none'}"])
 
 
 
@@ -123,7 +124,7 @@ def test_check_options_states_each_rule_once_in_one_wording():
     config = dict(epochs=3, subset=0, lr=0.1, p=0.5, optimizer_name="adamw")
     rules = dict(at_least={1: ("epochs",), 0: ("subset",)}, above_zero=("lr",), fractions=("p",),
                  choices=dict(optimizer_name=("adamw", "lamb")))
-    common.check_options(config, **rules)  # all good: nothing raised
+    configurator.check_options(config, **rules)  # all good: nothing raised
     for change, message in [(dict(epochs=0), "--epochs=0: must be at least 1"),
                             (dict(subset=-1), "--subset=-1: must be at least 0"),
                             (dict(lr=0.0), "--lr=0.0: must be greater than 0"),
@@ -131,18 +132,18 @@ def test_check_options_states_each_rule_once_in_one_wording():
                             (dict(p=-0.1), "--p=-0.1: must lie in [0, 1]"),
                             (dict(optimizer_name="sgd"), "--optimizer_name='sgd': choose one of adamw, lamb")]:
         with pytest.raises(common.UsageError) as err:
-            common.check_options({**config, **change}, **rules)
+            configurator.check_options({**config, **change}, **rules)
         assert str(err.value) == message
 
 
 def test_check_resume_refuses_another_kind_or_another_model():
     model_config = nanolap.make_config("vit-cpu", n_lap=2)
     ckpt = dict(kind="vit", model_config=asdict(model_config))
-    common.check_resume(ckpt, "vit", model_config)  # the same run: nothing raised
+    configurator.check_resume(ckpt, "vit", model_config)  # the same run: nothing raised
     with pytest.raises(common.UsageError, match="holds a vit run, not a dino one"):
-        common.check_resume(ckpt, "dino", model_config)
+        configurator.check_resume(ckpt, "dino", model_config)
     with pytest.raises(common.UsageError, match="holds a different model"):
-        common.check_resume(ckpt, "vit", nanolap.make_config("vit-cpu", n_lap=2, img_size=14))
+        configurator.check_resume(ckpt, "vit", nanolap.make_config("vit-cpu", n_lap=2, img_size=14))
 
 
 def test_devices_and_dtypes_are_checked():
@@ -321,19 +322,21 @@ def local_imports(path, local):
 
 
 def test_the_arrows_point_one_way():
-    """nanolap.py <- common.py <- optim.py, probes.py and data/ <- the scripts (train_*.py, analyze.py, exercises/) <-
-    results/report.py: each file imports only what lies below it, the model file nothing but math, dataclasses and
+    """nanolap.py <- common.py <- configurator.py, optim.py, probes.py and data/ <- the scripts (train_*.py, analyze.py,
+    exercises/) <- results/report.py: each file imports only what lies below it, the model file nothing but math, dataclasses and
     torch, and the report's statistics (results/stats.py) nothing of the repository's; no script imports another."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     local = {os.path.splitext(f)[0] for f in os.listdir(root) if f.endswith(".py")} | {"data", "report", "stats"}
     assert local_imports(os.path.join(root, "nanolap.py"), None) <= {"math", "dataclasses", "torch"}
-    below = {"common.py": {"nanolap"}, "optim.py": set(), "probes.py": {"common"},
-             "results/report.py": {"nanolap", "common", "data", "analyze", "stats"}, "results/stats.py": set()}
+    below = {"common.py": {"nanolap"}, "configurator.py": {"nanolap", "common"}, "optim.py": set(),
+             "probes.py": {"common"}, "results/stats.py": set(),
+             "results/report.py": {"nanolap", "common", "configurator", "data", "analyze", "stats"}}
     scripts = glob.glob(os.path.join(root, "train_*.py")) + [os.path.join(root, "analyze.py")]
     scripts += glob.glob(os.path.join(root, "exercises", "**", "*.py"), recursive=True)
     data = glob.glob(os.path.join(root, "data", "**", "*.py"), recursive=True)
-    below.update({os.path.relpath(p, root): {"nanolap", "common", "data"} for p in data})
-    below.update({os.path.relpath(p, root): {"nanolap", "common", "data", "optim", "probes"} for p in scripts})
+    below.update({os.path.relpath(p, root): {"nanolap", "common", "configurator", "data"} for p in data})
+    below.update({os.path.relpath(p, root): {"nanolap", "common", "configurator", "data", "optim", "probes"}
+                  for p in scripts})
     assert len(below) > 20
     for path, allowed in below.items():
         found = local_imports(os.path.join(root, path), local)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import configurator
 import nanolap
 import train_vit
 from common import load_checkpoint, load_model
@@ -77,7 +78,7 @@ def test_tiny_training_on_cpu(tmp_path):
 def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its own
     with pytest.raises(SystemExit) as stop:
-        common.configure(dict(vars(train_vit)), ["--help"])
+        configurator.configure(dict(vars(train_vit)), ["--help"])
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("Supervised ViTs") and "torchrun --nproc_per_node=8" in out
@@ -116,10 +117,10 @@ def test_config_files_name_options_and_make_a_model(path, model):
     every value comes from."""
     options = {k: v for k, v in vars(train_vit).items() if k.islower() and not k.startswith("_")
                and (v is None or isinstance(v, (bool, int, float, str, list)))}
-    config = common.parse_args(options, [os.path.join(ROOT, path)])
+    config = configurator.parse_args(options, [os.path.join(ROOT, path)])
     assert config["compile_model"] and config["three_augment"] and config["mixup"] == 0.8
     native = 224 if config["dataset"] == "imagefolder" else 32  # train_vit.py's img_size=0
-    cfg = common.config_from_options(config, "vit", img_size=config["img_size"] or native, in_chans=3,
+    cfg = configurator.config_from_options(config, "vit", img_size=config["img_size"] or native, in_chans=3,
                                       num_classes=model["num_classes"])
     assert cfg.qk_norm and cfg.pooling == "cls" and {k: getattr(cfg, k) for k in model} == model
     with torch.device("meta"):  # the shapes without allocating ViT-B's weights

@@ -35,7 +35,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
 import common  # noqa: E402
-from common import UsageError, configure  # noqa: E402
+from common import UsageError  # noqa: E402
+from configurator import configure  # noqa: E402
 from data import text  # noqa: E402
 
 BASE_URL = "https://huggingface.co/datasets/kjj0/finewebedu10B-gpt2/resolve/main"

@@ -20,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
-from common import configure  # noqa: E402
+from configurator import configure  # noqa: E402
 from data.images import build_scenes  # noqa: E402
 
 data_dir = "data"  # Fashion-MNIST is looked up here (see data/images.py); scenes go to data_dir/scenes

@@ -14,7 +14,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
-from common import configure  # noqa: E402
+from configurator import configure  # noqa: E402
 from data import text  # noqa: E402
 from data.shakespeare_char.prepare import corpus_name, read_input, shakespeare_text, split_text  # noqa: E402
 

@@ -20,7 +20,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
-from common import UsageError, atomic_write, configure  # noqa: E402
+from common import UsageError, atomic_write  # noqa: E402
+from configurator import configure  # noqa: E402
 from data import text  # noqa: E402
 
 input_file = ""  # a UTF-8 text file to use instead of Shakespeare
