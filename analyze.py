@@ -789,7 +789,7 @@ def checked_checkpoints(paths, config):
     if len(etf) != 3 or len(set(etf)) != 3 or not all(isinstance(c, int) and c >= 0 for c in etf):
         raise UsageError(f"--etf_classes={etf}: give three different class indices, e.g. --etf_classes=[0,1,2]")
     configurator.check_options(config, at_least={1: ["max_samples", "batch_size"], 2: ["n_targets"]},
-                          choices={"tokens": ("patch", "all")})
+                                choices={"tokens": ("patch", "all")})
     ckpts = []
     for p in paths:
         path = p if p.endswith(".pt") else os.path.join(p, common.CHECKPOINT)

@@ -1,5 +1,6 @@
 """The run plumbing every nanolap script shares, as nanochat keeps it in nanochat/common.py: devices, dtype and
-processes; seeds and schedules; checkpoints and run folders; logs, errors and the RESULT line. Options: configurator.py."""
+processes; seeds and schedules; checkpoints and run folders; logs, errors and the RESULT line. The options are in
+configurator.py."""
 
 import functools
 import json

@@ -270,7 +270,8 @@ if __name__ == "__main__":
     if batch_size > n_train:
         raise UsageError(f"--batch_size={batch_size} is larger than the {n_train} training images")
     in_chans = 3 if dataset == "imagefolder" else x_train.shape[1]
-    model_config = configurator.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans, num_classes=0)
+    model_config = configurator.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans,
+                                                    num_classes=0)
     teacher_config = replace(model_config, drop_path=0.0)  # the teacher has no drop path
     for key in ["local_size"] * (local_crops > 0) + ["seg_size"] * (seg_dataset != "none"):  # only sizes in use
         if config[key] % model_config.patch_size:

@@ -220,7 +220,7 @@ if __name__ == "__main__":
                          f"{ckpt['model_config']['block_size']} (its rotary embeddings end there)")
     common.check_compile(compile_model, common.resolve_device(device))
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
-    model_config = configurator.config_from_options(config, "gpt")  # the model options; the vocabulary comes with the data
+    model_config = configurator.config_from_options(config, "gpt")  # the model options; the vocabulary: the data's
     common.launch_processes(cpu_procs, device)
     meta = text.load_meta(data_dir, dataset)  # a missing dataset fails before out_dir is touched
     model_config = replace(model_config, vocab_size=text.model_vocab_size(meta["vocab_size"]))

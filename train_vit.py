@@ -245,7 +245,7 @@ if __name__ == "__main__":
         mean = data["mean"]
         std = data["std"]
     model_config = configurator.config_from_options(config, "vit", img_size=resolution, in_chans=in_chans,
-                                              num_classes=len(classes))
+                                                    num_classes=len(classes))
     if ckpt is not None and ckpt["step"] >= epochs * ckpt["steps_per_epoch"]:  # leave a finished run as it is
         configurator.finished_run(out_dir, ckpt["step"], epochs * ckpt["steps_per_epoch"], "epochs")
     rank, local_rank, world, run_device = common.start_processes(

@@ -505,7 +505,8 @@ def test_check_holds_no_answer_and_imports_no_script():
     tree = ast.parse(source)
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    scripts = {os.path.splitext(f)[0] for f in os.listdir(ROOT) if f.endswith(".py")} - {"nanolap", "common", "configurator"}
+    modules = {"nanolap", "common", "configurator"}
+    scripts = {os.path.splitext(f)[0] for f in os.listdir(ROOT) if f.endswith(".py")} - modules
     assert not imported & scripts, imported & scripts
 
 

@@ -406,7 +406,8 @@ def test_resume_accepts_a_checkpoint_written_before_n_kv_head():
     older = {k: v for k, v in asdict(cfg).items() if k != "n_kv_head"}
     configurator.check_resume(dict(kind="gpt", model_config=older), "gpt", cfg)
     with pytest.raises(UsageError, match="the checkpoint holds a different model"):
-        configurator.check_resume(dict(kind="gpt", model_config=older), "gpt", make_config("gpt-tiny", vocab_size=50, n_kv_head=2))
+        configurator.check_resume(dict(kind="gpt", model_config=older), "gpt",
+                                  make_config("gpt-tiny", vocab_size=50, n_kv_head=2))
 
 # -----------------------------------------------------------------------------
 # slow tier: resume, processes, checkpoints, subprocess errors, the prepare commands

@@ -326,7 +326,7 @@ def test_sizes_fit_the_free_memory_and_old_gpus_get_float16():
 
 
 def script_options(script):
-    """The options a script declares (configurator.declared_options' rule: `name = value  # comment` at the top level)."""
+    """The options a script declares (configurator.declared_options: `name = value  # comment` at the top level)."""
     return set(re.findall(r"^([a-z]\w*) = .*?  # ", open(os.path.join(ROOT, script)).read(), re.M))
 
 

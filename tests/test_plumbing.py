@@ -25,7 +25,7 @@ from nanolap import Config
 def test_parse_args_overrides_config_files_and_errors(tmp_path):
     defaults = dict(lr=1e-3, batch_size=64, dataset="fashion_mnist", compile=False, n_lap=0, preset=None)
     cfg = configurator.parse_args(defaults, ["--lr=3e-4", "--batch_size=32", "--dataset=cifar10", "--compile",
-                                        "--n_lap=[0,1,2]", "--preset='vit-b'"])
+                                              "--n_lap=[0,1,2]", "--preset='vit-b'"])
     assert cfg == dict(lr=3e-4, batch_size=32, dataset="cifar10", compile=True, n_lap=[0, 1, 2], preset="vit-b")
     assert configurator.parse_args(defaults, ["--lr=1"])["lr"] == 1.0  # an int where a float is expected is fine
     f = tmp_path / "cfg.py"
@@ -91,7 +91,7 @@ def test_only_commented_top_level_literals_are_options(tmp_path):
     for argv in (["--it=2"], ["--step=1"], ["--zeros=0"]):
         with pytest.raises(common.UsageError, match=f"unknown option {argv[0].split('=')[0]};"):
             configurator.configure(fake_script(tmp_path, SCRIPT + 'it = 1\nfor step in range(2):\n    pass\n'
-                                          'zeros = torch.zeros(1)  # a tensor\n'), argv)
+                                                'zeros = torch.zeros(1)  # a tensor\n'), argv)
 
 
 def test_config_from_options_derives_the_model_config_from_its_fields(tmp_path):
@@ -111,10 +111,12 @@ def test_resume_takes_the_checkpoint_options_and_refuses_model_changes(tmp_path)
     assert ckpt is not None and config["lr"] == 0.5 and config["n_lap"] == 3 and config["resume"]
     config, _ = configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"])
     assert config["lr"] == 0.1  # a training option may change ...
+    # ... the model not
     with pytest.raises(common.UsageError, match=r"cannot change the model, data or schedule \(--n_lap=4 \(checkpoint: 3\)"):
-        configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--n_lap=4"])  # ... the model not
+        configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--n_lap=4"])
     with pytest.raises(common.UsageError, match=r"or schedule \(--lr=0.1 \(checkpoint: 0.5\)\)\. To train longer"):
-        configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"], schedule=("lr",))
+        configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"],
+                               schedule=("lr",))
     with pytest.raises(FileNotFoundError, match="--resume: no checkpoint at"):
         configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={tmp_path / 'none'}"])
 
@@ -323,8 +325,9 @@ def local_imports(path, local):
 
 def test_the_arrows_point_one_way():
     """nanolap.py <- common.py <- configurator.py, optim.py, probes.py and data/ <- the scripts (train_*.py, analyze.py,
-    exercises/) <- results/report.py: each file imports only what lies below it, the model file nothing but math, dataclasses and
-    torch, and the report's statistics (results/stats.py) nothing of the repository's; no script imports another."""
+    exercises/) <- results/report.py: each file imports only what lies below it, the model file nothing but math,
+    dataclasses and torch, and the report's statistics (results/stats.py) nothing of the repository's; no script
+    imports another."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     local = {os.path.splitext(f)[0] for f in os.listdir(root) if f.endswith(".py")} | {"data", "report", "stats"}
     assert local_imports(os.path.join(root, "nanolap.py"), None) <= {"math", "dataclasses", "torch"}

@@ -121,7 +121,7 @@ def test_config_files_name_options_and_make_a_model(path, model):
     assert config["compile_model"] and config["three_augment"] and config["mixup"] == 0.8
     native = 224 if config["dataset"] == "imagefolder" else 32  # train_vit.py's img_size=0
     cfg = configurator.config_from_options(config, "vit", img_size=config["img_size"] or native, in_chans=3,
-                                      num_classes=model["num_classes"])
+                                            num_classes=model["num_classes"])
     assert cfg.qk_norm and cfg.pooling == "cls" and {k: getattr(cfg, k) for k in model} == model
     with torch.device("meta"):  # the shapes without allocating ViT-B's weights
         params = sum(p.numel() for p in nanolap.build_model(cfg).parameters())
