@@ -19,6 +19,11 @@ def mean_std(values):  # {mean, std (unbiased; 0 for one value), n} of the value
     std = (v.std().item() if len(v) > 1 else 0.0) if len(v) else None  # unbiased
     return dict(mean=v.mean().item() if len(v) else None, std=std, n=len(v))
 
+def mean_std_text(d):  # a mean_std for a table: mean ± std (the std only over several seeds)
+    if d["mean"] is None:
+        return "n/a"
+    return f"{d['mean']:.4g}" + (f" ± {d['std']:.2g}" if d["n"] > 1 else "")
+
 def effect(v0, v1):
     """The difference of means mean(v1) - mean(v0) of two groups of seeds, its standard error sqrt(s0^2/n0 + s1^2/n1)
     (s: the unbiased std; None with one seed in a group) and whether every v1 lies strictly beyond every v0 (None

@@ -15,6 +15,7 @@ import pytest
 import analyze
 import report
 import stats
+import verdict
 from common import UsageError
 from conftest import ROOT, result
 from test_analyze import FRACS, fashion_dir, make_run, run_analyze  # noqa: F401 (fashion_dir: a fixture)
@@ -134,13 +135,13 @@ def test_the_primary_family_is_one_row_per_claim_and_metric_on_the_papers_regime
     """The primary family: each claim's metrics on one regime of VERDICT_SETS, at most 21 of them (so that 6 + 6 seeds
     can decide a row after Holm); ViT claims on the paper's regime (CLS token + LayerScale), every other regime's
     rows exploratory."""
-    primary = [(metric, paper) for _, metrics, paper, _ in report.CLAIMS for metric in metrics]
+    primary = [(metric, paper) for _, metrics, paper, _ in verdict.CLAIMS for metric in metrics]
     assert len(primary) == len(set(primary)) == 20 and len(primary) * 2 / 924 < 0.05
-    for _, metrics, paper, others in report.CLAIMS:
-        assert paper in report.VERDICT_SETS and paper not in others and set(others) <= set(report.VERDICT_SETS)
-        assert all(metric in report.VERDICT_METRICS for metric in metrics)
+    for _, metrics, paper, others in verdict.CLAIMS:
+        assert paper in verdict.VERDICT_SETS and paper not in others and set(others) <= set(verdict.VERDICT_SETS)
+        assert all(metric in verdict.VERDICT_METRICS for metric in metrics)
         if "val_acc" in metrics or "NC1" in metrics:
-            assert (paper, report.VERDICT_SETS[paper][0]) == ("vit_cls_ls", "six_vit_cls_ls12")
+            assert (paper, verdict.VERDICT_SETS[paper][0]) == ("vit_cls_ls", "six_vit_cls_ls12")
 
 
 def test_verdict_rows_from_run_folders(tmp_path):
@@ -157,7 +158,7 @@ def test_verdict_rows_from_run_folders(tmp_path):
             fake_run(tmp_path, "vit", 0, s, dict(val_acc=0.80 + s / 100), 0.30 + s / 100, set_name=set_name)
             fake_run(tmp_path, "vit", 4, s, dict(val_acc=0.90 + s / 100), 0.20 + s / 100, set_name=set_name)
     make("vit_cls_ls12", range(3))
-    primary, exploratory = report.verdict_rows(report.collect_runs(str(tmp_path)))
+    primary, exploratory = verdict.verdict_rows(report.collect_runs(str(tmp_path)))
     acc = primary[0]
     assert exploratory == [] and len(primary) == 7
     assert (acc["metric"], acc["set"], acc["p"], acc["floor"]) == ("val_acc", "vit_cls_ls12", pytest.approx(0.1), 0.1)
@@ -167,7 +168,7 @@ def test_verdict_rows_from_run_folders(tmp_path):
     assert acc["holm"] == pytest.approx(0.7) and acc["words"] == "undecided"  # 7 * 0.1
     make("six_vit_cls_ls12", range(6))
     make("six_vit_default", range(6))
-    primary, exploratory = report.verdict_rows(report.collect_runs(str(tmp_path)))
+    primary, exploratory = verdict.verdict_rows(report.collect_runs(str(tmp_path)))
     rows = {r["metric"]: r for r in primary}
     assert list(rows) == ["val_acc", "within-sequence share", "between-class share", "within-class / between-class",
                           "within-sequence share, last block", "cosine, last block", "NC1"]
@@ -190,17 +191,17 @@ def test_verdict_rows_from_run_folders(tmp_path):
     assert explored["val_acc"]["words"] == "differs at uncorrected p=0.00216, exploratory"
     assert explored["NC1"]["words"] == "differs at uncorrected p=0.0108, exploratory"
     assert explored["cosine, last block"]["words"] == "no difference larger than 0.02"
-    lines = report.verdict_lines(primary, exploratory, "sets", [])
+    lines = verdict.verdict_lines(primary, exploratory, "sets", [])
     assert "m = 7 rows, decided by Holm's correction over these 7 alone:" in lines[4]
     assert sum(line.startswith("| claim |") for line in lines) == 2
     assert "| p | Holm p |" in lines[6] and "| p (uncorrected) |" in lines[6 + 2 + 7 + 3]
-    assert "| six_vit_cls_ls12 | lowers | helps | holds |" in report.oversmoothing_lines(primary)
-    assert "six_vit_default" not in "".join(report.oversmoothing_lines(primary))
+    assert "| six_vit_cls_ls12 | lowers | helps | holds |" in verdict.oversmoothing_lines(primary)
+    assert "six_vit_default" not in "".join(verdict.oversmoothing_lines(primary))
     cases = {("lowers", "helps"): "holds", ("raises", "helps"): "contradicted", ("undecided", "hurts"): "contradicted",
              ("lowers", "no difference larger than 0.005"): "smoother without a gain", ("lowers", "undecided"): "undecided"}
-    for (share, acc), verdict in cases.items():
+    for (share, acc), expected in cases.items():
         two = [dict(set="s", metric="within-sequence share", words=share), dict(set="s", metric="val_acc", words=acc)]
-        assert report.oversmoothing_lines(two)[-1] == f"| s | {share} | {acc} | {verdict} |"
+        assert verdict.oversmoothing_lines(two)[-1] == f"| s | {share} | {acc} | {expected} |"
 
 
 def test_verdict_maps_show_the_same_images():
@@ -209,9 +210,9 @@ def test_verdict_maps_show_the_same_images():
     below differ."""
     from matplotlib.image import imread
     collected = report.collect_runs(os.path.join(ROOT, "results"))
-    chosen = report.verdict_sets(collected)
-    for name in [chosen["dino"], *report.PCA_MAP_SETS]:
-        a, b = (imread(path) for path in report.run_pair(collected[name], "pca_maps.png"))
+    chosen = verdict.verdict_sets(collected)
+    for name in [chosen["dino"], *verdict.PCA_MAP_SETS]:
+        a, b = (imread(path) for path in verdict.run_pair(collected[name], "pca_maps.png"))
         height = a.shape[0]
         same = (a == b).all(axis=(1, 2))
         assert a.shape == b.shape and same[int(0.15 * height):int(0.5 * height)].all(), name
@@ -228,12 +229,12 @@ def test_run_pair_and_stack(tmp_path):
         folder.mkdir()
         imsave(folder / "pca.png", np.full((3, 5, 3), level, dtype=np.uint8))
         runs.append(dict(run=str(folder), n_lap_label=str(n_lap), seed=seed))
-    pair = report.run_pair(runs, "pca.png")
+    pair = verdict.run_pair(runs, "pca.png")
     assert pair == [str(tmp_path / "k0-s1" / "pca.png"), str(tmp_path / "k4-s1" / "pca.png")]
-    report.fig_stack(pair, str(tmp_path / "stacked.png"))
+    verdict.fig_stack(pair, str(tmp_path / "stacked.png"))
     stacked = (imread(tmp_path / "stacked.png")[..., :3] * 255).round()
     assert stacked.shape == (6, 5, 3) and (stacked[:3] == 10).all() and (stacked[3:] == 200).all()
-    assert report.run_pair(runs, "etf.png") is None
+    assert verdict.run_pair(runs, "etf.png") is None
 
 
 def test_recorded_machine_reads_the_results_folders_record():

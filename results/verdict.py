@@ -1,0 +1,367 @@
+"""
+The verdict: every claim of the paper, decided from the sweep's artefacts. CLAIMS lists each claim once with the
+metrics that measure it (VERDICT_METRICS: which way is better, the paper's way, the margin of "no difference"), the
+regime of the paper's own setting and the other regimes; VERDICT_SETS names the set of runs for each regime. Every row
+is n_lap = 4 against n_lap = 0 with its 95% interval and exact permutation p within machines: on the paper's regime a
+primary family with Holm's correction over it, on the others exploratory rows with p uncorrected; in words that follow
+one rule (stats.verdict_words). results/report.py writes its tables at the top of summary.md and its figures to
+results/figures/verdict/.
+"""
+
+import os
+
+import torch
+
+import analyze
+import common
+import stats  # results/stats.py, beside this file
+
+# ---------------------------------------------------------------- constants
+# The verdict's sets, one per regime: the six-seed set trained on one machine kind, and the three-seed set it repeats,
+# which stands in while the first is not in the results folder. The verdict reads the first of each pair it finds,
+# whatever its seeds: a six-seed set belongs in results/ once it is complete
+VERDICT_SETS = {"vit_mean": ("six_vit_default", "vit_default"),  # mean pooling, 18 epochs: the CPU default
+                "vit_cls": ("six_vit_cls", "vit_cls_amd"),  # CLS token, 4 epochs
+                "vit_cls_ls": ("six_vit_cls_ls12", "vit_cls_ls12"),  # CLS token + LayerScale 1e-6, 12 epochs
+                "gpt": ("six_gpt", "gpt_amd"),  # 1000 steps
+                "dino": ("six_dino", "dino_amd")}  # 1.5 epochs
+VIT_SETS = ("vit_mean", "vit_cls", "vit_cls_ls")
+PCA_MAP_SETS = ("dino_scenes",)  # DINO on larger images (8 x 8 patches): its PCA maps are drawn beside the verdict's
+# The GPT and DINO sets whose seed pair keeps the token PCA and ETF scatter (the verdict's six-seed sets keep none)
+SCATTER_SETS = ("gpt_amd", "dino_amd")
+# The paper's ViT follows DeiT-III (a CLS token, LayerScale 1e-6, long training): vit_cls_ls is its regime here, and the
+# other ViT regimes (mean pooling; CLS without LayerScale, 4 epochs) explore
+PAPER_VIT = "vit_cls_ls"
+OTHER_VITS = ("vit_mean", "vit_cls")
+# The paper's claims, each listed once: (the claim, the metrics that measure it, the regime of the paper's own setting,
+# the other regimes). A metric on the paper's regime is a row of the primary family, which Holm's correction over that
+# family alone decides: at most 21 rows, since 6 + 6 runs allow p = 2/924 and 21 x 2/924 = 0.045 < 0.05. On the other
+# regimes it is an exploratory row. "Some oversmoothing is beneficial" is no comparison of its own: see oversmoothing
+CLAIMS = [("Laplacian heads raise accuracy", ("val_acc",), PAPER_VIT, OTHER_VITS),
+          ("Laplacian heads lower the LM's loss", ("val_bpb",), "gpt", ()),
+          ("Laplacian heads raise DINO's probe accuracy", ("knn_acc", "linear_acc"), "dino", ()),
+          ("the within-sequence share falls", ("within-sequence share",), PAPER_VIT, OTHER_VITS),
+          ("the between-class share rises", ("between-class share",), PAPER_VIT, OTHER_VITS),
+          ("within-class ≫ between-class at n_lap 0, about equal with many Laplacian heads",
+           ("within-class / between-class",), PAPER_VIT, OTHER_VITS),
+          ("layerwise within-sequence collapse", ("within-sequence share, last block", "cosine, last block"),
+           PAPER_VIT, OTHER_VITS),
+          ("Neural Collapse", ("NC1", "NC2 equinorm", "NC2 equiangular", "NC3", "NC4"), PAPER_VIT, OTHER_VITS),
+          ("simplex-ETF geometry", ("ETF vertex distance",), PAPER_VIT, OTHER_VITS),
+          ("linguistic collapse", ("within-class share (next token)", "NC1 (next token)"), "gpt", ()),
+          ("faster spectral decay", ("k_0.9", "k_0.99"), "gpt", ("dino",)),
+          ("DINO segments objects better", ("seg_miou",), "dino", ())]
+# Per metric: (which way is better, the paper's way, the margin X of "no difference larger than X"). Better None:
+# geometry, which has no better way (its words are "raises" and "lowers"). X a number: absolute; "10%": a tenth of
+# the n_lap 0 mean, for quantities whose scale differs between sets. Why these margins: MARGIN_REASONS
+VERDICT_METRICS = {
+    "val_acc": ("higher", "higher", 0.005),
+    "val_bpb": ("lower", "lower", 0.01),
+    "knn_acc": ("higher", "higher", 0.005),
+    "linear_acc": ("higher", "higher", 0.005),
+    "within-sequence share": (None, "lower", 0.02),
+    "between-class share": (None, "higher", 0.02),
+    "within-class / between-class": (None, "lower, to about 1", "10%"),
+    "within-sequence share, last block": (None, "lower", 0.02),
+    "cosine, last block": (None, "higher", 0.02),
+    "NC1": (None, "lower", "10%"),
+    "NC2 equinorm": (None, "lower", "10%"),
+    "NC2 equiangular": (None, "lower", "10%"),
+    "NC3": (None, "lower", "10%"),
+    "NC4": (None, "lower", 0.005),
+    "ETF vertex distance": (None, "lower", "10%"),
+    "within-class share (next token)": (None, "lower", 0.02),
+    "NC1 (next token)": (None, "lower", "10%"),
+    "k_0.9": (None, "lower", "10%"),
+    "k_0.99": (None, "lower", "10%"),
+    "seg_miou": ("higher", "higher", 0.005)}
+MARGIN_REASONS = [
+    "accuracies, NC4 and mIoU 0.005 (half a point: below every gain the paper reports, 1 to 1.9 points, and the size "
+    "of the gains the three-seed sets showed)",
+    "bits per byte 0.01 (a hundredth of a bit per character, 0.4% of the loss: one n_lap step of the gpt set, n_lap 0 "
+    "→ 2, +0.009)",
+    "shares of the variance and cosines 0.02 (two hundredths of the total: a sixth of the largest move the three-seed "
+    "sets showed, −0.124 with LayerScale, and far below the paper's 'sharp' fall)",
+    "ratios, NC1-NC3, the ETF vertex distance and k_alpha 10% of the n_lap 0 mean (half the paper's change of k_0.99, "
+    "547.7 → 430.4, −21%)"]
+
+# ---------------------------------------------------------------- the rows and their tables
+
+def verdict_metrics(r):
+    """The verdict's metrics (VERDICT_METRICS' keys) of one collected run, None where its analysis has none: the end
+    metrics; the within-sequence and between-class shares of the patch tokens at the final norm and the ratio of
+    the within- to the between-class part (GPT: the within-class share of next-token classes); the within-sequence
+    share and the cosine after the last block; NC1-NC4 and the ETF vertex distance of the features the head reads
+    (GPT: NC1 of next-token classes); k_alpha."""
+    values = {k: v for k, v in r["metrics"].items() if k in VERDICT_METRICS}  # the end metrics (run_metrics)
+    anova = r["anova"]
+    nc = r.get("nc") or {}
+    if r["kind"] == "gpt":
+        values["within-class share (next token)"] = anova.get("within_class_frac")
+        values["NC1 (next token)"] = nc.get("nc1")
+    else:
+        values["within-sequence share"] = r["metrics"].get("within_seq (patch)")
+        values["between-class share"] = r["metrics"].get("between_class (patch)")
+        values["within-class / between-class"] = anova["within_class_frac"] / anova["between_class_frac"]
+    values["within-sequence share, last block"] = r["layerwise"]["within_seq_frac"][-2]  # [-1]: the final norm
+    values["cosine, last block"] = r["layerwise"]["cosine"][-2]
+    pooled = nc.get("pooled", {})
+    for name, key in (("NC1", "nc1"), ("NC2 equinorm", "nc2_equinorm"), ("NC2 equiangular", "nc2_equiangular"),
+                      ("NC3", "nc3"), ("NC4", "nc4")):
+        values[name] = pooled.get(key)
+    values["ETF vertex distance"] = ((r.get("etf") or {}).get("pooled") or {}).get("vertex_dist")
+    for a in analyze.ALPHAS:
+        values[f"k_{a}"] = r["spectrum"].get(f"k_{a}")
+    return values
+
+def verdict_sets(collected):
+    """{regime: set} of VERDICT_SETS: the first set of each pair that the results folder holds."""
+    found = {}
+    for regime, names in VERDICT_SETS.items():
+        present = [name for name in names if name in collected]
+        if present:
+            found[regime] = present[0]
+    return found
+
+def by_n_lap(runs):  # [(n_lap, its runs)] for n_lap 0 and 4
+    return [(k, [r for r in runs if r["n_lap_label"] == k]) for k in ("0", "4")]
+
+def verdict_rows(collected):
+    """The verdict's rows (verdict_row), one per claim, metric and set of CLAIMS on verdict_sets: the primary family
+    (each claim's metrics on the paper's regime), with Holm's correction over that family alone, and the exploratory
+    rows (the other regimes), with their p uncorrected; each with the rule's words (stats.verdict_words)."""
+    chosen = verdict_sets(collected)
+    primary, exploratory = [], []
+    for claim, metrics, paper_regime, other_regimes in CLAIMS:
+        for metric in metrics:
+            for regime in [g for g in (paper_regime, *other_regimes) if g in chosen]:
+                row = verdict_row(metric, collected[chosen[regime]])
+                if row:  # None: a metric the set's analyses lack
+                    family = primary if regime == paper_regime else exploratory
+                    family.append(dict(row, claim=claim, set=chosen[regime]))
+    for row, corrected in zip(primary, stats.holm([row["p"] for row in primary])):
+        row["holm"] = corrected
+        row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], corrected, row["better"], row["margin"])
+    for row in exploratory:
+        row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], row["p"], row["better"], row["margin"],
+                                           primary=False)
+    return primary, exploratory
+
+def verdict_row(metric, runs):
+    """n_lap 4 against 0 in one metric of a set's runs: the means, the difference with its 95% interval
+    (welch_interval), the exact permutation p within machines, the smallest p those runs allow (floor), the margin,
+    the machines; None where a group has no value."""
+    groups = [[(verdict_metrics(r).get(metric), r["machine"], r["seed"]) for r in g] for _, g in by_n_lap(runs)]
+    groups = [[run for run in g if run[0] is not None] for g in groups]
+    if not all(groups):
+        return None
+    v0, v1 = ([v for v, _, _ in g] for g in groups)
+    pairs0, pairs1 = ([(v, machine) for v, machine, _ in g] for g in groups)
+    # the smallest p these runs allow: that of every n_lap 4 run above every n_lap 0 run
+    ranks0 = [(i, machine) for i, (_, machine) in enumerate(pairs0)]
+    ranks1 = [(len(pairs0) + i, machine) for i, (_, machine) in enumerate(pairs1)]
+    better, paper, margin = VERDICT_METRICS[metric]
+    mean0 = stats.mean_std(v0)
+    if isinstance(margin, str):  # a share of the n_lap 0 mean
+        margin = float(margin.rstrip("%")) / 100 * abs(mean0["mean"])
+    diff, low, high = stats.welch_interval(v0, v1)
+    return dict(metric=metric, better=better, paper=paper, margin=margin, mean0=mean0, mean1=stats.mean_std(v1),
+                diff=diff, low=low, high=high, p=stats.permutation_p(pairs0, pairs1),
+                floor=stats.permutation_p(ranks0, ranks1),
+                machines=machine_seeds([(machine, seed) for g in groups for _, machine, seed in g]))
+
+def machine_seeds(pairs):  # "machine (seeds 0, 1, 2); ..." of (machine, seed) pairs
+    seeds = {}
+    for machine, seed in pairs:
+        seeds.setdefault(machine, set()).add(seed)
+    return "; ".join(f"{machine} (seeds {', '.join(map(str, sorted(s)))})" for machine, s in sorted(seeds.items()))
+
+def verdict_lines(primary, exploratory, sets_line, figures):
+    """summary.md's verdict: the primary family's table and the exploratory rows' table, how they were computed, the
+    rule, the margins, the oversmoothing claim."""
+    lines = ["## Verdict: every claim of the paper, n_lap = 4 against n_lap = 0", "", sets_line, ""]
+    if not primary + exploratory:
+        return lines + ["None of the verdict's sets is in this results folder."]
+    m = len(primary)
+    lines += [f"Primary family: one comparison per claim and metric of the paper, each on the set of the paper's own "
+              f"regime ({_set_names(primary)}; the ViT's is DeiT-III's recipe: a CLS token, LayerScale 1e-6, 12 "
+              f"epochs), m = {m} rows, decided by Holm's correction over these {m} alone:", ""]
+    lines += verdict_table(primary, primary=True)
+    lines += ["", f"Exploratory rows: the same claims on the other regimes ({_set_names(exploratory)}), outside the "
+              "primary family: their p is not corrected, and their words name no way:", ""]
+    lines += verdict_table(exploratory, primary=False)
+    floor = min([r["floor"] for r in primary] or [1.0])
+    lines += ["", f"4 − 0: the difference of means; its 95% interval by Student's t with Welch's degrees of freedom "
+              "(diff ± t · sqrt(s0²/n0 + s1²/n1), the unbiased std s). p: the exact permutation p of the difference, "
+              "exchanging n_lap labels only between runs of one machine. Holm p: Holm's step-down correction over "
+              f"the m = {m} rows of the primary family (the i-th smallest p times {m} − i + 1, never below a smaller "
+              f"p's, at most 1). The smallest p the primary rows' runs allow is {floor:.3g} (with n0 + n1 runs of one "
+              f"machine 2 / C(n0 + n1, n0): 3 + 3 runs 0.1, 6 + 6 runs 0.0022), so no Holm p there can be below "
+              f"{m} × {floor:.3g} = {min(1.0, m * floor):.3g}.",
+              "", "The rule: a primary row reads 'helps' or 'hurts' (end metrics, by their better way) or 'raises' or "
+              "'lowers' (geometry, which has no better way) only where its Holm p is below 0.05; an exploratory row "
+              "whose uncorrected p is below 0.05 reads 'differs at uncorrected p=…, exploratory', never 'helps', "
+              "'hurts', 'raises' or 'lowers'; any other row reads 'no difference larger than X' where its 95% "
+              "interval lies inside ±X, otherwise 'undecided'. paper: the way the paper finds the metric moving with "
+              "Laplacian heads.",
+              "", "Margins X: " + "; ".join(MARGIN_REASONS) + ".", "",
+              "Metrics: the shares are of the patch tokens' variance at the final norm (ANOVA); 'last block': before "
+              "the final norm; NC1-NC4 and the ETF vertex distance are of the features the head reads (the mean of "
+              "the patch tokens, or the CLS token); the GPT's are of next-token classes; val_loss is val_bpb × ln 2 "
+              "for these character-level runs (one byte per character), so only val_bpb is tested."]
+    lines += oversmoothing_lines(primary)
+    return lines + ["", "Figures: " + ", ".join(figures)]
+
+def verdict_table(rows, primary):
+    """The verdict's rows as a table: the claim, metric, set and machines, the means, the difference with its interval,
+    p (the primary family: and Holm's p), the paper's way, the margin X and the rule's words."""
+    p_header = "p | Holm p" if primary else "p (uncorrected)"
+    words_header = "verdict" if primary else "reading"
+    lines = [f"| claim | metric | set | machine (seeds) | n_lap = 0 | n_lap = 4 | 4 − 0 [95% interval] | {p_header} | "
+             f"paper | X | {words_header} |", "|---" * (12 if primary else 11) + "|"]
+    for r in rows:
+        interval = "n/a" if r["low"] is None else f"[{r['low']:+.4g}, {r['high']:+.4g}]"
+        p = f"{r['p']:.3g} | {r['holm']:.3g}" if primary else f"{r['p']:.3g}"
+        lines.append(f"| {r['claim']} | {r['metric']} | {r['set']} | {r['machines']} | {stats.mean_std_text(r['mean0'])} | "
+                     f"{stats.mean_std_text(r['mean1'])} | {r['diff']:+.4g} {interval} | {p} | {r['paper']} | {r['margin']:.4g} | "
+                     f"{r['words']} |")
+    return lines
+
+def _set_names(rows):  # the sets of the rows, each once, in their order
+    return ", ".join(dict.fromkeys(r["set"] for r in rows))
+
+def oversmoothing_lines(rows):
+    """summary.md: "some oversmoothing is beneficial", read from two primary rows of a set (no comparison of its own):
+    it holds where the within-sequence share is decided lower and the accuracy decided higher, is contradicted where
+    either is decided the other way, and finds no gain where the share is lower and accuracy bounded."""
+    words = {(r["set"], r["metric"]): r["words"] for r in rows}
+    sets = [r["set"] for r in rows if r["metric"] == "within-sequence share" and (r["set"], "val_acc") in words]
+    lines = ["", "'Some oversmoothing is beneficial', read from two rows of the primary family (no comparison of its "
+             "own): it holds where the within-sequence share is decided lower and val_acc decided higher; it is "
+             "contradicted where either is decided the other way; smoother without a gain where the share is decided "
+             "lower and val_acc has no difference larger than X; otherwise undecided.", "",
+             "| set | within-sequence share | val_acc | some oversmoothing is beneficial |", "|---|---|---|---|"]
+    for name in sets:
+        share, acc = words[name, "within-sequence share"], words[name, "val_acc"]
+        if (share, acc) == ("lowers", "helps"):
+            holds = "holds"
+        elif share == "raises" or acc == "hurts":
+            holds = "contradicted"
+        elif share == "lowers" and acc.startswith("no difference"):
+            holds = "smoother without a gain"
+        else:
+            holds = "undecided"
+        lines.append(f"| {name} | {share} | {acc} | {holds} |")
+    return lines
+
+def verdict_sets_line(collected, chosen):  # summary.md: the verdict's set of each regime, and its corpus for the GPT
+    parts = []
+    for regime, names in VERDICT_SETS.items():
+        if regime not in chosen:
+            parts.append(f"{regime}: none of {', '.join(names)} here")
+            continue
+        name = chosen[regime]
+        note = "" if name == names[0] else f", standing in for {names[0]}"
+        if regime == "gpt":
+            corpora = sorted({common.read_result(r["run"]).get("corpus", "unrecorded") for r in collected[name]})
+            note += f", corpus {', '.join(corpora)}"
+        parts.append(f"{regime}: {name}{note}")
+    return "Verdict sets (VERDICT_SETS in results/report.py): " + "; ".join(parts) + "."
+
+# ---------------------------------------------------------------- the verdict's figures
+
+def verdict_figures(collected, chosen, dest):
+    """The verdict's figures in dest/figures/verdict/, n_lap 0 against 4: the ViT's ETF class means, each paradigm's
+    within-sequence PCA spectrum, and one seed's per-run figures (run_pair) one above the other: DINO's PCA maps,
+    and where the run folders keep them the token PCA and ETF scatter. Returns their paths in dest."""
+    if not chosen:
+        return []
+    folder = os.path.join(dest, "figures", "verdict")
+    os.makedirs(folder, exist_ok=True)
+    figures = []
+    vit_sets = [chosen[g] for g in VIT_SETS if g in chosen]
+    if vit_sets and all(r.get("etf") for name in vit_sets for r in collected[name]):
+        panels = [(name, by_n_lap(collected[name])) for name in vit_sets]
+        figures.append(fig_etf_means(panels, os.path.join(folder, "etf_means_vit.png")))
+    for paradigm, regimes in (("vit", VIT_SETS), ("gpt", ("gpt",)), ("dino", ("dino",))):
+        panels = [(chosen[g], by_n_lap(collected[chosen[g]])) for g in regimes if g in chosen]
+        if panels:
+            figures.append(fig_pca_spectra(panels, paradigm, os.path.join(folder, f"pca_spectrum_{paradigm}.png")))
+    dino_sets = [chosen[g] for g in ("dino",) if g in chosen] + [name for name in PCA_MAP_SETS if name in collected]
+    scatter_sets = vit_sets + [name for name in SCATTER_SETS if name in collected]
+    for png, names in (("pca_maps.png", dino_sets), ("pca.png", scatter_sets), ("etf.png", scatter_sets)):
+        for name in names:
+            pair = run_pair(collected[name], png)
+            if pair:  # analyze.py draws the same images in every run of a dataset: one seed's two runs show them
+                figures.append(fig_stack(pair, os.path.join(folder, f"{png[:-4]}_{name}.png")))
+    return [os.path.join("figures", "verdict", f) for f in figures]
+
+def run_pair(runs, png):
+    """The per-run figure png of the n_lap 0 and the n_lap 4 run of the lowest seed whose run folders both keep it, or
+    None. sweep.sh keeps DINO's pca_maps.png; pca.png and etf.png (the paper's token PCA and ETF scatter) stay in
+    the run's analysis folder unless copied next to its analysis.json."""
+    found = {(r["n_lap_label"], r["seed"]): os.path.join(r["run"], png) for r in runs
+             if os.path.isfile(os.path.join(r["run"], png))}
+    seeds = sorted(seed for n_lap, seed in found if n_lap == "0" and ("4", seed) in found)
+    return [found["0", seeds[0]], found["4", seeds[0]]] if seeds else None
+
+def fig_etf_means(panels, path):
+    """Per ViT set (columns), n_lap 0 (top) and 4 (bottom): each seed's three class means of the features the head
+    reads (dots) and the three classifier rows (crosses) in the plane of those rows (analysis.json's "etf"), each in
+    units of its mean radius, with the triangle where Neural Collapse puts them. The means alone cannot show the
+    spread around them: the titles give the vertex distance (the points' mean distance to their vertex, in radii)."""
+    plt = analyze.pyplot()
+    fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels), 7.2), squeeze=False)
+    triangle = analyze.TRIANGLE.T
+    for column, (name, groups) in zip(axes.T, panels):
+        for ax, (n_lap, runs) in zip(column, groups):
+            ax.fill(triangle[:, 0], triangle[:, 1], fill=False, ls="--", color="gray", lw=1)
+            for r in runs:
+                means = torch.tensor(r["etf"]["pooled"]["class_means_2d"])
+                rows = torch.tensor(r["etf"]["classifier_rows_2d"])
+                for k, (mean, row) in enumerate(zip(means / means.norm(dim=1).mean(), rows / rows.norm(dim=1).mean())):
+                    ax.scatter(*mean.tolist(), s=20, color=plt.cm.tab10(k), label=f"class {r['etf']['classes'][k]}")
+                    ax.scatter(*row.tolist(), s=30, marker="x", color=plt.cm.tab10(k))
+            distance = stats.mean_std(r["etf"]["pooled"]["vertex_dist"] for r in runs)
+            ax.set(aspect="equal", xlim=(-1.25, 1.25), ylim=(-0.8, 1.2), xlabel="classifier rows' plane: axis 1",
+                   ylabel="axis 2")
+            ax.set_title(f"{name}, n_lap={n_lap}\nvertex distance {stats.mean_std_text(distance)}", fontsize=9)
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    axes[0, 0].legend(handles[:3], labels[:3], fontsize=7)  # the three classes, once
+    fig.suptitle("ETF: each seed's class means (dots) and classifier rows (crosses), in radii\n"
+                 f"{analyze.LOOK_FOR['etf']}", fontsize=8)
+    return analyze.save_figure(fig, path)
+
+def fig_pca_spectra(panels, paradigm, path):
+    """Per set (panels), n_lap 0 against 4: the share of a sequence's variance outside its top j principal directions
+    (its within-sequence PCA, analysis.json's mean spectrum), mean over seeds, on a log scale; k_0.9 and k_0.99 are
+    read where a sequence's curve crosses 0.1 and 0.01 (they average per-sequence k, the curve is of the mean)."""
+    plt = analyze.pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(6.0, 4.4 * len(panels)), 3.8), squeeze=False)
+    for ax, (name, groups) in zip(axes[0], panels):
+        for (n_lap, runs), style in zip(groups, ("o-", "s--")):
+            rest = []
+            for r in runs:
+                lam = torch.tensor(r["spectrum"]["lambda_mean"], dtype=torch.float64)
+                rest.append(1 - lam.cumsum(0) / lam.sum())
+            curve = torch.stack(rest).mean(0)
+            keep = curve > 1e-3  # k_0.99 is read at 0.01; past the centred rank the rest is 0, off a log plot
+            k99 = stats.mean_std(r["spectrum"]["k_0.99"] for r in runs)
+            ax.plot(torch.arange(1, len(curve) + 1)[keep].tolist(), curve[keep].tolist(), style, ms=3,
+                    label=f"n_lap={n_lap}: $k_{{0.99}}$ = {stats.mean_std_text(k99)}")
+        for level in (0.1, 0.01):
+            ax.axhline(level, color="gray", lw=0.8, ls=":")
+        ax.set(xscale="log", yscale="log", title=name, xlabel="top j principal directions of a sequence's tokens",
+               ylabel="share of its variance outside them")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{paradigm}: within-sequence PCA, mean over seeds\n{analyze.LOOK_FOR['spectrum']}", fontsize=8)
+    return analyze.save_figure(fig, path)
+
+def fig_stack(paths, path):
+    """PNG figures of one width one above the other, pixel for pixel."""
+    plt = analyze.pyplot()
+    pixels = torch.cat([torch.from_numpy(plt.imread(p)) for p in paths])  # floats k / 255
+    plt.imsave(path, pixels.mul(255).round().to(torch.uint8).numpy())
+    return os.path.basename(path)
