@@ -476,17 +476,22 @@ def test_torchrun_and_cpu_processes_match_one_process(data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_teardown_leaves_after_the_last_collective(tmp_path):
-    """common.teardown_distributed: every process leaves the group together and then ends as Python ends: exit status
-    0, the output flushed, atexit handlers run, no abort of a gloo thread."""
+    """common.teardown_distributed: every process leaves the group together; the first goes on, and the others, whose
+    DDP model keeps gloo's threads alive, end there without Python's finalisation, where those threads abort a
+    process now and then: exit status 0, the output flushed, atexit handlers run, no abort of a gloo thread."""
     script = tmp_path / "end.py"
     script.write_text(f"""import atexit, os, sys
 sys.path.insert(0, {ROOT!r})
+import torch
 import common
 rank = common.start_processes({str(tmp_path)!r}, False, "cpu")[0]
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+model(torch.ones(2, 4)).sum().backward()
 common.all_reduce_mean(1.0)
 atexit.register(lambda: open(os.path.join({str(tmp_path)!r}, f"atexit{{rank}}"), "w").close())
 sys.stdout.write(f"rank {{rank}} unflushed;")  # a pipe buffers it
 common.teardown_distributed()
+print(f"rank {{rank}} after the group")
 """)
     buffered = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}
     for _ in range(3):  # an abort at exit would come now and then, not every time
@@ -495,6 +500,7 @@ common.teardown_distributed()
                               env=buffered, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "rank 0 unflushed;" in done.stdout and "rank 1 unflushed;" in done.stdout, done.stdout
+        assert "rank 0 after the group" in done.stdout and "rank 1 after the group" not in done.stdout, done.stdout
         assert "terminate called" not in done.stderr
     assert os.path.exists(tmp_path / "atexit0") and os.path.exists(tmp_path / "atexit1")
 
