@@ -87,9 +87,9 @@ def gloo_environment():
 
 def teardown_distributed():
     """The end of a run's process group: every process leaves it together, and all but the first, which have nothing
-    left to do, end here without Python's finalisation. A DDP model keeps gloo's threads alive past the group (in C++),
-    and as Python finalises they abort such a process now and then ('terminate called without an active exception':
-    1 run in 8 of a 2-process CPU run), after which torchrun kills the first process, perhaps while it writes."""
+    left to do, end here without Python's finalisation. A DDP model keeps gloo's threads alive past the group, and as
+    Python finalises they abort such a process now and then ('terminate called without an active exception': 4 of 32
+    resumed 2-process tiny GPT runs), after which torchrun kills the first process, perhaps while it writes."""
     if not dist.is_initialized():
         return
     dist.barrier()
