@@ -66,6 +66,18 @@ run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, i
 export -f run
 
 jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every regime at the same seeds; then the rest
+    # Twelve seeds a side (results/PLAN.md, committed before these trained): seeds 6-11 of the primary family's sets,
+    # and the uniform-graph arms (n_lap 4, seeds 0-11) beside them, seed by seed, so that a sweep cut short leaves
+    # every set at about the same number of seeds. Run: bash results/sweep.sh 'six_vit_cls_ls12|six_gpt|six_dino|uniform_'
+    for i in 0 1 2 3 4 5; do
+        for k in 0 4; do echo "vit $k $((6 + i)) six_vit_cls_ls12 --pooling=cls --layerscale=1e-6 --epochs=12"; done
+        for k in 0 4; do echo "gpt $k $((6 + i)) six_gpt"; done
+        for k in 0 4; do echo "dino $k $((6 + i)) six_dino"; done
+        for s in $i $((6 + i)); do
+            echo "vit 4 $s uniform_vit_cls_ls12 --pooling=cls --layerscale=1e-6 --epochs=12 --graph=uniform"
+            echo "gpt 4 $s uniform_gpt --graph=uniform"
+        done
+    done
     # The verdict's sets: six seeds a side, every run of a set on one machine kind, set by set (a set is finished
     # before the next starts, so that a sweep cut short on one machine leaves whole sets)
     for s in 0 1 2 3 4 5; do for k in 0 4; do echo "vit $k $s six_vit_cls --pooling=cls"; done; done
