@@ -306,10 +306,13 @@ def read_result(run_dir):
         return {}
     return dict(word.split("=", 1) for word in open(path).read().split() if "=" in word)
 
-def check_finite(loss, step):
-    """Stop before the optimizer step when the loss is NaN or inf."""
-    if not math.isfinite(float(loss)):
-        raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: stopped before the optimizer step. "
+def check_finite(value, step, since=None, what="loss"):
+    """Stop when a loss or gradient norm is NaN or inf. The loops add these up on the device and read the sums only
+    at a progress line or before a checkpoint (a read waits for the GPU), so the bad step lies after step `since`:
+    every checkpoint on disk is older than it."""
+    if not math.isfinite(float(value)):
+        where = f"at step {step}" if since is None or since + 1 >= step else f"in steps {since + 1}-{step}"
+        raise FloatingPointError(f"non-finite {what} {float(value)} {where}: stopped before its weights were saved. "
                                  f"Try a lower learning rate or --grad_clip.")
 
 def format_time(seconds):

@@ -127,13 +127,16 @@ def train_batch(tokens, seed, step, chunk, batch_size, block_size, device):
     windows (text.get_batch's index 0): 1 process x 16 sequences, 2 x 8 and 2 micro-steps x 8 train on the same."""
     x, y = text.get_batch(tokens, seed=seed, step=step, index=0, batch_size=(chunk + 1) * batch_size,
                           block_size=block_size, device="cpu")  # ((chunk + 1) * B, T)
-    return x[chunk * batch_size:].to(device), y[chunk * batch_size:].to(device)  # (B, T)
+    x, y = x[chunk * batch_size:], y[chunk * batch_size:]  # (B, T)
+    if str(device).startswith("cuda"):  # from pinned memory the copy runs while the host goes on
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
 
-def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas):
+def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas, compile=False):
     """nanochat (kind 'muon'): Muon for the 2-D matrices inside the blocks, AdamW for the embedding and
     the lm_head (learning rates scaled by 1/sqrt(n_embd / 768), tuned at width 768). Or (kind 'adamw')
     one AdamW for everything. Every group remembers its peak learning rate as initial_lr. Muon orthogonalises in
-    bfloat16 where --dtype=auto would train in it, else in float32."""
+    bfloat16 where --dtype=auto would train in it, else in float32; compile=True compiles its iteration."""
     on_cuda = next(model.parameters()).is_cuda
     auto = common.amp_dtype(next(model.parameters()).device)
     if kind == "adamw":
@@ -151,7 +154,7 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
                       Muon([dict(params=matrices), dict(params=qkv, blocks=model.blocks[0].attn.qkv_rows)],
                            lr=matrix_lr, weight_decay=weight_decay,
-                           ns_dtype=torch.bfloat16 if auto == torch.bfloat16 else torch.float32)]
+                           ns_dtype=torch.bfloat16 if auto == torch.bfloat16 else torch.float32, compile=compile)]
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]
@@ -252,7 +255,8 @@ if __name__ == "__main__":
     # ---- model and optimizers (a resumed run restores both, its random state and its clock)
     raw_model = nanolap.build_model(model_config).to(run_device)
     optimizers = build_optimizers(raw_model, kind=optimizer_name, lr=lr, matrix_lr=matrix_lr, embedding_lr=embedding_lr,
-                                  unembedding_lr=unembedding_lr, weight_decay=weight_decay, betas=(beta1, beta2))
+                                  unembedding_lr=unembedding_lr, weight_decay=weight_decay, betas=(beta1, beta2),
+                                  compile=compile_model and run_device.startswith("cuda"))  # a GPU gains, a CPU waits
     scaler = torch.amp.GradScaler(run_device.split(":")[0], enabled=amp_dtype == torch.float16)  # float16 only
     step = 0
     best_val_loss = float("inf")
@@ -311,15 +315,20 @@ if __name__ == "__main__":
     start_step = step
     t0 = time.time()
     metrics = {}  # the last evaluation's losses and bits per byte
-    train_time = 0.0  # the time of the timed steps, for the speed
-    timed_steps = 0
-    logged_loss = 0.0  # the log window: since the last progress line
+    # the log window, since the last progress line: its losses and gradient norms, added up on the device and read
+    # only at the progress line (a read waits for the GPU), its steps and its training time
+    logged_loss = torch.zeros((), device=run_device)
+    logged_norm = torch.zeros((), device=run_device)
     logged_steps = 0
+    t_window = time.time()
     while True:
         last = step >= max_iters
         stopped = step == stop_at_step and start_step < step < max_iters
         # a resumed run's first step was evaluated before it stopped
         evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None or last)
+        if evaluating or stopped:  # a checkpoint may follow: no weight it saves may come from a non-finite step
+            common.check_finite(logged_norm, step, since=step - logged_steps, what="gradient norm")
+        t_eval = time.time()  # the read above waited for the steps: from here on it is evaluation time
         if evaluating:
             model.eval()
             for split, tokens in (("val", val_tokens), ("train", train_tokens)):
@@ -343,9 +352,9 @@ if __name__ == "__main__":
                 best_val_loss=best_val_loss, seconds=time_before + time.time() - t0), ckpt_path)
         if last or stopped:
             break
+        t_window += time.time() - t_eval  # evaluation and checkpoint time is not training time
 
         # one optimizer step: learning rates and Muon momentum from the schedules, grad_accum micro-batches
-        t_step = time.time()
         torch.manual_seed(common.step_seed(seed, step, rank))  # this step's dropout masks
         lr_mult = get_lr_multiplier(step, *schedule)
         for optimizer in optimizers:
@@ -363,23 +372,23 @@ if __name__ == "__main__":
                 _, loss = ddp_model(x, y)  # logits (B, T, vocab), mean cross-entropy
             scaler.scale(loss / grad_accum).backward()
             loss_step += loss.detach() / grad_accum
-        loss_step = loss_step.item()  # one synchronisation per step, for the non-finite guard
-        common.check_finite(loss_step, step)
-        optimizer_step(optimizers, scaler, raw_model.parameters(), grad_clip=grad_clip, step=step)
+        grad_norm = optimizer_step(optimizers, scaler, raw_model.parameters(), grad_clip=grad_clip)
         raw_model.zero_grad(set_to_none=True)
         step += 1
-        dt = time.time() - t_step
-        if step > start_step + 1:  # the first step (allocation, compilation) is left out of the speed ...
-            train_time += dt
-            timed_steps += 1
-        per_step = train_time / timed_steps if timed_steps else dt  # ... unless it is all there is
         logged_loss += loss_step
+        logged_norm += grad_norm
         logged_steps += 1
 
         if step % log_interval == 0 or step == max_iters:
-            loss_avg = common.all_reduce_mean(logged_loss / logged_steps, run_device)
-            logged_loss = 0.0
+            sums = common.all_reduce_mean(torch.stack([logged_loss, logged_norm]), run_device)  # waits for the GPU
+            loss_avg, norm_avg = (sums / logged_steps).tolist()
+            common.check_finite(loss_avg, step, since=step - logged_steps)
+            common.check_finite(norm_avg, step, since=step - logged_steps, what="gradient norm")
+            per_step = (time.time() - t_window) / logged_steps  # the first window holds the compilation
+            logged_loss.zero_()
+            logged_norm.zero_()
             logged_steps = 0
+            t_window = time.time()
             line = f"step {step}/{max_iters} | loss {loss_avg:.4f} | lr {peak_lr * lr_mult:.2e} | {total / per_step:,.0f} tok/s"
             if peak:
                 line += f" | mfu {100 * flops_per_step / per_step / (peak * world):.1f}%"

@@ -317,9 +317,12 @@ if __name__ == "__main__":
     raw_model.train()
     batches = None
     stopped = False
-    t_log = time.time()  # the log window: since the last progress line
+    # the log window, since the last progress line: its losses and gradient norms, added up on the device and read
+    # only at the progress line (a read waits for the GPU)
+    t_log = time.time()
     data_time = 0.0
-    loss_sum = 0.0
+    loss_sum = torch.zeros((), device=run_device)
+    norm_sum = torch.zeros((), device=run_device)
     img_count = 0
     steps_in_log = 0
     speeds = []  # img/s of each log window
@@ -350,44 +353,52 @@ if __name__ == "__main__":
             loss = compute_loss(logits, y, label_smoothing, bce_loss) / grad_accum
             scaler.scale(loss).backward()
             loss_accum += loss.detach()
-        loss_value = common.all_reduce_mean(loss_accum, run_device)  # every process sees the same value and stops together
-        common.check_finite(loss_value, step)
-        optimizer_step([optimizer], scaler, raw_model.parameters(), grad_clip=grad_clip, step=step)
+        grad_norm = optimizer_step([optimizer], scaler, raw_model.parameters(), grad_clip=grad_clip)
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        loss_sum += loss_value
+        loss_sum += loss_accum
+        norm_sum += grad_norm
         img_count += global_batch
         steps_in_log += 1
 
+        epoch_end = step % steps_per_epoch == 0
+        checkpointing = epoch_end or (ckpt_interval and step % ckpt_interval == 0) or step == stop_at_step
+        # read (every process the same sums) at a progress line, and before a checkpoint: it keeps no non-finite step
+        if step % log_interval == 0 or step == max_iters or checkpointing:
+            sums = common.all_reduce_mean(torch.stack([loss_sum, norm_sum]) / steps_in_log, run_device)
+            loss_value, norm_value = sums.tolist()  # waits for the GPU
+            common.check_finite(loss_value, step, since=step - steps_in_log)
+            common.check_finite(norm_value, step, since=step - steps_in_log, what="gradient norm")
         if step % log_interval == 0 or step == max_iters:
-            dt = time.time() - t_log  # the loss .item() above has synchronised the GPU
+            dt = time.time() - t_log
             speeds.append(img_count / dt)
             waits.append(data_time / dt)
             eta = (max_iters - step) * dt / steps_in_log
             mfu = f" | mfu {flops_per_img * speeds[-1] / (peak * world):.1%}" if peak else ""
-            print0(f"epoch {epoch + 1}/{epochs} step {step}/{max_iters} | loss {loss_sum / steps_in_log:.4f} | "
+            print0(f"epoch {epoch + 1}/{epochs} step {step}/{max_iters} | loss {loss_value:.4f} | "
                    f"lr {lr_now:.2e} | {speeds[-1]:.0f} img/s | data {waits[-1]:.1%}{mfu} | eta {common.format_time(eta)}")
             t_log = time.time()
             data_time = 0.0
-            loss_sum = 0.0
+            loss_sum.zero_()
+            norm_sum.zero_()
             img_count = 0
             steps_in_log = 0
-        epoch_end = step % steps_per_epoch == 0
         if epoch_end:
             batches = None
             t0 = time.time()
             shard = val_batches(val_data, 4 * batch_size, rank=rank, world=world, device=run_device, num_workers=num_workers)
             val_acc, val_loss = evaluate(model, shard, img_size=resolution, mean=mean, std=std, ctx=ctx, world=world)
+            train_loss = common.all_reduce_mean(loss_accum, run_device)  # the epoch's last step
             best_acc = max(best_acc, val_acc)
             print0(f"eval epoch {step // steps_per_epoch}: val_acc {val_acc:.4f} val_loss {val_loss:.4f} "
                    f"({time.time() - t0:.1f}s, {common.format_time(time.time() - t_start)} elapsed)")
             if master:
                 common.append_jsonl(os.path.join(out_dir, common.LOG), dict(
                     step=step, epoch=step // steps_per_epoch, val_acc=val_acc, val_loss=val_loss, lr=lr_now,
-                    train_loss=loss_value, seconds=round(time.time() - t_start, 1), machine=machine))
+                    train_loss=train_loss, seconds=round(time.time() - t_start, 1), machine=machine))
             t_log += time.time() - t0  # evaluation time is not training time
         stopped = step == stop_at_step and step < max_iters
-        if master and (epoch_end or (ckpt_interval and step % ckpt_interval == 0) or step == stop_at_step):
+        if master and checkpointing:
             common.save_checkpoint(dict(
                 kind="vit", model_config=asdict(model_config), model=raw_model.state_dict(), config=config,
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), step=step, epoch=step // steps_per_epoch,

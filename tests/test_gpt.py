@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import common  # noqa: E402
 import configurator  # noqa: E402
+import optim  # noqa: E402
 import train_gpt  # noqa: E402
 from common import UsageError, load_checkpoint, save_checkpoint  # noqa: E402
 from conftest import SHORT_GROUP_TIMEOUT, result, run_here, torchrun_with  # noqa: E402
@@ -310,6 +311,52 @@ def test_muon_updates_q_k_and_v_of_the_fused_qkv_as_three_matrices():
     model = build_model(make_config("gpt-tiny", n_layer=2, n_kv_head=2, vocab_size=50))
     muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95))[1]
     assert muon.param_groups[1]["blocks"] == [128, 64, 64]
+
+
+def per_matrix_muon_step(groups, state):
+    """The reference: Muon as it was written before the stacks, one matrix (one block of a fused qkv) at a time."""
+    for group in groups:
+        for p in group["params"]:
+            buf = state.setdefault(p, torch.zeros_like(p))
+            buf.lerp_(p.grad, 1 - group["momentum"])
+            g = p.grad.lerp(buf, group["momentum"])
+            rows = group["blocks"] if isinstance(group["blocks"], list) else p.size(0) // group["blocks"]
+            p.data.mul_(1 - group["lr"] * group["weight_decay"])
+            for block, update in zip(p.data.split(rows), g.split(rows)):
+                scale = max(1.0, update.size(0) / update.size(1)) ** 0.5
+                block.add_(optim.orthogonalize(update, group["ns_steps"]), alpha=-group["lr"] * scale)
+
+
+@pytest.mark.parametrize("n_embd, n_kv_head", [(128, None), (384, 2)])
+def test_stacked_muon_equals_the_per_matrix_muon_over_20_steps(n_embd, n_kv_head):
+    """Muon orthogonalises a group's matrices of one shape as one stack (one Newton-Schulz call); over 20 steps of the
+    GPT's own groups (qkv in blocks, with grouped-query attention at d 384; tall and wide MLP matrices; weight decay),
+    with a changing learning rate and momentum, every matrix ends within 1e-6 (relative) of the per-matrix reference."""
+    torch.manual_seed(0)
+    config = make_config("gpt-tiny", n_layer=2, n_embd=n_embd, n_head=4, n_kv_head=n_kv_head, vocab_size=50)
+    model, reference = build_model(config), build_model(config)
+    reference.load_state_dict(model.state_dict())
+    muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.1, (0.8, 0.95))[1]
+    shapes = {(p.shape, str(g["blocks"])) for g in muon.param_groups for p in g["params"]}
+    assert len(shapes) >= 3  # the stacks hold matrices of several shapes
+    names = {id(p): n for n, p in model.named_parameters()}
+    ref_params = dict(reference.named_parameters())
+    ref_groups = [dict(g, params=[ref_params[names[id(p)]] for p in g["params"]]) for g in muon.param_groups]
+    state = {}
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for step in range(20):
+        for group, ref_group in zip(muon.param_groups, ref_groups):
+            group["lr"] = ref_group["lr"] = 0.02 * (1 - step / 25)
+            group["momentum"] = ref_group["momentum"] = train_gpt.get_muon_momentum(step * 15)
+            for p, q in zip(group["params"], ref_group["params"]):
+                p.grad = torch.randn_like(p)
+                q.grad = p.grad.clone()
+        muon.step()
+        per_matrix_muon_step(ref_groups, state)
+    for group, ref_group in zip(muon.param_groups, ref_groups):
+        for p, q in zip(group["params"], ref_group["params"]):
+            assert (p - q).abs().max() <= 1e-6 * q.abs().max(), names[id(p)]
+            assert (p - start[names[id(p)]]).abs().max() > 1e3 * (p - q).abs().max()  # far more than they differ
 
 
 def test_optimizer_groups_and_schedules():

@@ -1,0 +1,73 @@
+"""A training step reads no number back from its tensors outside the logging interval: on a GPU every such read
+(.item(), float(), bool(), int(), .tolist()) makes the host wait until the GPU has finished all queued work, so a step
+that reads one can no longer run ahead of its kernels. The scripts train here in this process with those methods
+counted; a read is charged to the repository's own line that made it (not to torch's internals), and to the training
+step the script was at (its `step` variable) at that moment."""
+
+import os
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import ROOT, run_here
+
+READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+
+
+def reads_by_step(monkeypatch, script, *args):
+    """Run script with args in this process; returns its globals and Counter{(step, 'file:line'): reads} of the reads
+    that the repository's code (tests excepted) made itself while the script's loop had a `step`. A read inside
+    torch is torch's: a CPU optimizer reads its step count (a CPU tensor on a GPU too), a fused GPU one does not."""
+    path = os.path.join(ROOT, script)
+    counts = Counter()
+
+    def counted(original):
+        def read(self, *a, **k):
+            frame = sys._getframe(1)
+            if frame.f_code.co_name == "__format__" and frame.f_code.co_filename == torch._tensor.__file__:
+                frame = frame.f_back  # f"{loss:.4f}" reads through Tensor.__format__
+            caller = frame.f_code.co_filename
+            if caller.startswith(ROOT) and os.sep + "tests" + os.sep not in caller:
+                script_frame = frame
+                while script_frame and script_frame.f_code.co_filename != path:
+                    script_frame = script_frame.f_back
+                step = script_frame.f_globals.get("step") if script_frame else None
+                if step is not None:
+                    counts[step, f"{os.path.relpath(caller, ROOT)}:{frame.f_lineno}"] += 1
+            return original(self, *a, **k)
+        return read
+
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
+    return run_here(script, *args), counts
+
+
+def off_interval(counts, allowed):
+    """The reads made at a step outside allowed: {(step, line): reads}."""
+    return {key: n for key, n in counts.items() if key[0] not in allowed}
+
+
+def test_a_gpt_step_reads_nothing_back_between_progress_lines(monkeypatch, data_dir, tmp_path):
+    """12 steps, a progress line every 5 and an evaluation at 0 and 12 only: the reads fall on steps 0, 5, 10 and 12."""
+    _, counts = reads_by_step(monkeypatch, "train_gpt.py", "--device=cpu", "--cpu_procs=1", "--dataset=tiny",
+                              f"--data_dir={data_dir}", "--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=32",
+                              "--batch_size=4", "--max_iters=12", "--eval_interval=100", "--eval_iters=2",
+                              "--log_interval=5", "--max_new_tokens=0", f"--out_dir={tmp_path / 'gpt'}")
+    assert {step for step, _ in counts} >= {5, 10}, counts  # the progress lines do read: the counting works
+    assert not off_interval(counts, {0, 5, 10, 12}), off_interval(counts, {0, 5, 10, 12})
+
+
+@pytest.mark.parametrize("extra", [[], ["--grad_accum=2"]])
+def test_a_vit_step_reads_nothing_back_between_progress_lines(monkeypatch, tmp_path, extra):
+    """Two epochs, a progress line every 3 steps: the reads fall on the progress lines' steps and at the epochs'
+    ends (evaluation and checkpoint); with gradient accumulation too."""
+    found, counts = reads_by_step(monkeypatch, "train_vit.py", "--device=cpu", "--cpu_procs=1", "--dataset=synthetic",
+                                  "--train_subset=128", "--val_subset=64", "--batch_size=8", "--epochs=2",
+                                  "--n_layer=2", "--n_embd=32", "--n_head=2", "--n_lap=1", "--log_interval=3",
+                                  f"--out_dir={tmp_path / 'vit'}", *extra)
+    per_epoch = found["steps_per_epoch"]
+    allowed = {s for s in range(2 * per_epoch + 1) if s % 3 == 0 or s % per_epoch == 0}
+    assert per_epoch >= 4 and {step for step, _ in counts} >= {3, 6}, counts
+    assert not off_interval(counts, allowed), off_interval(counts, allowed)
