@@ -11,6 +11,7 @@ solutions are skipped."""
 import ast
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -459,17 +460,74 @@ def test_command_line(tmp_path):
         assert p.returncode == 1 and p.stdout.rstrip().endswith("FAIL: exercise 2")
 
 
+# How far a float of exercises/expected.json may move when another CPU computes it: 16 float32 ulps of max(1, |value|),
+# 1.9e-6 for values below 1. The committed floats came from an AMD EPYC; on another CPU the float32 kernels (MKL,
+# oneDNN, torch's own vectorised ones) round in another order. Exercises 9's and 10's outputs are float32 sums of terms
+# of order 1 (weights of a quarter, tokens of a few units, P in [0, 1]) some six roundings deep (projection, norm,
+# scores, softmax, P V, projection), so their rounding scales with 1, not with a small result. Measured: an Intel Xeon
+# gave outputs 4.8e-7 (exercise 9) and 3.6e-7 (exercise 10) from the committed ones, 4 and 3 ulps of 1; the same math
+# in another order here (nanolap's fused and explicit paths, P_lambda written out) differs from them by 2.4e-7 to
+# 4.8e-7. A real mistake moves them far more: 0.93 without the q/k norms, 3.3 without V - P V, 3.4 with the first head
+# Laplacian, 1.4e-2 with scores scaled 1% off, 6.7e-4 with one lambda 0.2% off (0.501 for 0.5), 350 times this
+# tolerance. It stays below the 1e-5 within which check.py passes a student's output, so a file that passes here grades
+# students as the committed one does. Exercise 4's float64 values (from small integers) and 7's exact fractions lie far
+# inside it.
+ROUNDING = 16 * 2.0 ** -23
+
+
+def differences(ours, committed, where="expected.json"):
+    """Where ours and committed (parsed JSON) differ: in structure, in a value that is no float, or in a float by more
+    than ROUNDING * max(1, |committed value|). An empty list when they agree."""
+    if isinstance(ours, float) and isinstance(committed, float):
+        if abs(ours - committed) <= ROUNDING * max(1.0, abs(committed)):
+            return []
+        return [f"{where}: {ours!r}, committed {committed!r}"]
+    if type(ours) is not type(committed):
+        return [f"{where}: a {type(ours).__name__}, committed a {type(committed).__name__}"]
+    if isinstance(committed, dict):
+        if list(ours) != list(committed):
+            return [f"{where}: keys {list(ours)}, committed {list(committed)}"]
+        return [found for key in committed for found in differences(ours[key], committed[key], f"{where}[{key!r}]")]
+    if isinstance(committed, list):
+        if len(ours) != len(committed):
+            return [f"{where}: {len(ours)} entries, committed {len(committed)}"]
+        return [found for i, pair in enumerate(zip(ours, committed)) for found in differences(*pair, f"{where}[{i}]")]
+    return [] if ours == committed else [f"{where}: {ours!r}, committed {committed!r}"]
+
+
+def nudged(value, ulps, toward):
+    """value (parsed JSON) with every float rounded to float32 and moved `ulps` float32 ulps toward `toward`."""
+    import numpy as np
+    if isinstance(value, float):
+        moved = np.float32(value)
+        for _ in range(ulps):
+            moved = np.nextafter(moved, np.float32(toward))
+        return float(moved)
+    if isinstance(value, dict):
+        return {key: nudged(item, ulps, toward) for key, item in value.items()}
+    if isinstance(value, list):
+        return [nudged(item, ulps, toward) for item in value]
+    return value
+
+
+def committed_expected():
+    with open(os.path.join(EXERCISES, "expected.json")) as f:
+        return json.load(f)
+
+
 @needs_solutions
 def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, monkeypatch, capsys):
-    """exercises/expected.json is what `check.py --write-expected` makes of the reference solutions now, and its
-    values agree with analyze.py's ANOVA and spectrum (analyze.py computes them its own way)."""
+    """exercises/expected.json is what `check.py --write-expected` makes of the reference solutions now: the same
+    cases, inputs and keys, and the floats the solutions compute within ROUNDING (the committed ones came from another
+    CPU). Its values agree with analyze.py's ANOVA and spectrum (analyze.py computes them its own way, here)."""
     import torch
     sys.path.insert(0, ROOT)
     import analyze
     monkeypatch.setattr(check, "EXPECTED", str(tmp_path / "expected.json"))
     assert check.main(["--write-expected"]) == 0
-    written = (tmp_path / "expected.json").read_text()
-    assert written == open(os.path.join(EXERCISES, "expected.json")).read(), "run python exercises/check.py --write-expected"
+    written = json.loads((tmp_path / "expected.json").read_text())
+    found = differences(written, committed_expected())
+    assert not found, "\n".join(found[:5]) + "\nrun python exercises/check.py --write-expected"
     monkeypatch.undo()
     for case in check.expected(4):
         labels = torch.zeros(len(case["h"]), dtype=torch.long)
@@ -493,6 +551,32 @@ def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, 
         with torch.no_grad():
             module.lam.copy_(case["lam"])
             assert torch.allclose(check.attnscale_by_matrix(module, cfg, case["h"]), case["out"], atol=1e-5)
+
+
+@needs_solutions
+def test_the_expected_values_tolerate_another_cpus_rounding_but_not_a_mistake():
+    """The comparison above passes exercises/expected.json with every float moved 4 float32 ulps up or down (another
+    CPU's rounding: 3 to 4 measured), and fails the outputs of the smallest real mistake measured by ROUNDING's comment
+    (exercise 10's solution with one lambda 0.2% off) and a changed case."""
+    import torch
+    from nanolap import make_config
+    committed = committed_expected()
+    for toward in (math.inf, -math.inf):
+        moved = nudged(committed, 4, toward)
+        assert moved != committed and differences(moved, committed) == [], toward
+    case = check.expected(10)[0]
+    solution = check.load(10, solution=True)
+    module = check.fixed_layer(solution.AttnScaleAttention(make_config("vit-cpu", bias=False, **check.SMALL)), case)
+    with torch.no_grad():
+        module.lam.copy_(torch.tensor([0.501, -2.0]))  # the case's lambdas are 0.5 and -2
+        mistaken = module(case["h"]).tolist()
+    wrong = json.loads(json.dumps(committed))  # a deep copy
+    wrong["10"][0]["out"] = mistaken
+    found = differences(wrong, committed)
+    assert found and all(line.startswith("expected.json['10'][0]['out']") for line in found), found
+    wrong = json.loads(json.dumps(committed))
+    wrong["9"][0]["n_lap"] = 2
+    assert differences(wrong, committed) == ["expected.json['9'][0]['n_lap']: 2, committed 1"]
 
 
 def test_check_holds_no_answer_and_imports_no_script():
