@@ -49,15 +49,86 @@ def test_permutation_p_exchanges_labels_only_within_a_machine():
     assert stats.permutation_p([(v, "A") for v in ones], [(v, "A") for v in twos]) == pytest.approx(exact)
 
 
+def enumerated_permutation_p(pairs0, pairs1):
+    """The permutation p of stats.permutation_p, one relabeling at a time (the function it replaced): every choice of
+    each machine's group-1 runs among that machine's runs, counted where |difference of means| reaches the observed."""
+    import itertools
+    machines = sorted({m for _, m in pairs0 + pairs1})
+    strata = [([v for v, m in pairs0 + pairs1 if m == machine], sum(m == machine for _, m in pairs1))
+              for machine in machines]
+    n0, n1 = len(pairs0), len(pairs1)
+    observed = abs(sum(v for v, _ in pairs1) / n1 - sum(v for v, _ in pairs0) / n0)
+    hits = total = 0
+    for choice in itertools.product(*[itertools.combinations(range(len(v)), k) for v, k in strata]):
+        ones = sum(v[i] for (v, _), picked in zip(strata, choice) for i in picked)
+        rest = sum(sum(v) for v, _ in strata) - ones
+        hits += abs(ones / n1 - rest / n0) >= observed - 1e-12 * max(1.0, observed)
+        total += 1
+    return hits / total
+
+
+def test_permutation_p_equals_the_enumeration_one_relabeling_at_a_time():
+    """stats.permutation_p (every relabeling at once, as sums) against the loop it replaced, on 300 random small
+    designs: 1-6 runs a group, 1-3 machines (some holding one group only), integer values (many ties) or floats.
+    By hand: machine Y holds only a group-1 run (9), so it exchanges nothing; machine X's 1, 2 and 5 give group 1 each
+    of them in turn: differences (5 + 9)/2 - 1.5 = 5.5, (1 + 9)/2 - 3.5 = 1.5, (2 + 9)/2 - 3 = 2.5: p = 1/3."""
+    import random
+    rng = random.Random(0)
+    for _ in range(300):
+        machines = "XYZ"[:rng.randint(1, 3)]
+        integers = rng.random() < 0.5
+        def run():
+            return (float(rng.randint(0, 4)) if integers else rng.random(), rng.choice(machines))
+        pairs0 = [run() for _ in range(rng.randint(1, 6))]
+        pairs1 = [run() for _ in range(rng.randint(1, 6))]
+        assert stats.permutation_p(pairs0, pairs1) == enumerated_permutation_p(pairs0, pairs1), (pairs0, pairs1)
+    assert stats.permutation_p([(1.0, "X"), (2.0, "X")], [(5.0, "X"), (9.0, "Y")]) == pytest.approx(1 / 3)
+    assert sorted(stats.subset_sums([1.0, 2.0, 4.0, 8.0], 2).tolist()) == [3, 5, 6, 9, 10, 12]  # the 6 pairs' sums
+    assert stats.subset_sums([1.0, 2.0], 0).tolist() == [0.0] and stats.subset_sums([1.0, 2.0], 2).tolist() == [3.0]
+
+
+def t4_quantile(q):
+    """Student's t with 4 degrees of freedom in closed form: with a = 4q(1 - q), t = 2 sqrt(cos(arccos(sqrt(a)) / 3) /
+    sqrt(a) - 1) (for q > 1/2), the root of its cubic CDF solved by the trigonometric method."""
+    a = 4 * q * (1 - q)
+    return 2 * math.sqrt(math.cos(math.acos(math.sqrt(a)) / 3) / math.sqrt(a) - 1)
+
+
 def test_t_quantile_against_closed_forms():
-    """by hand: with 1 degree of freedom t is Cauchy, q = 1/2 + atan(t) / pi, so t_0.975 = tan(0.475 pi) = 12.7062;
-    with 2, q = 1/2 + t / (2 sqrt(2 + t^2)), so t_0.975 = 0.95 / sqrt(2 * 0.975 * 0.025) = 4.3027; with very many,
-    the normal's 1.9600; tables give 2.7764 for 4 and 3.1824 for 3 (the grid's step is 1e-4)."""
-    assert stats.t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), abs=2e-4)
-    assert stats.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), abs=2e-4)
-    assert stats.t_quantile(0.975, 4) == pytest.approx(2.7764, abs=2e-4)
-    assert stats.t_quantile(0.975, 3) == pytest.approx(3.1824, abs=2e-4)
-    assert stats.t_quantile(0.975, 1e6) == pytest.approx(1.9600, abs=2e-4)
+    """Exact quantiles of Student's t, to 1e-12 (relative): with 1 degree of freedom t is Cauchy, t_q =
+    tan(pi (q - 1/2)); with 2, t_q = (2q - 1) / sqrt(2q(1 - q)); with 4, t4_quantile; below 1/2 the mirror image.
+    Tables: t_0.975 at 10 is 2.2281388519862747 (mpmath, 40 digits; 2.228138851964938, as some quote it, is wrong
+    from the 11th digit), t_0.8 at 10 0.8790578285505887. Fractional df lies between its neighbours. At large df t
+    nears the normal's z = 1.959963984540054 as z + (z^3 + z)/(4 df) + (5z^5 + 16z^3 + 3z)/(96 df^2) (Abramowitz &
+    Stegun 26.7.5); at df = 1e5 lgamma's rounding leaves some 1e-11."""
+    for q in (0.6, 0.8, 0.975, 0.99, 1 - 0.05 / 48, 0.999999):
+        # tan(pi (q - 1/2)) = 1 / tan(pi (1 - q)): the second keeps its digits near the pole (q - 1/2 rounds there)
+        assert stats.t_quantile(q, 1) == pytest.approx(1 / math.tan(math.pi * (1 - q)), rel=1e-12, abs=1e-12)
+        assert stats.t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-9)
+        assert stats.t_quantile(q, 2) == pytest.approx((2 * q - 1) / math.sqrt(2 * q * (1 - q)), rel=1e-12, abs=1e-12)
+        assert stats.t_quantile(q, 4) == pytest.approx(t4_quantile(q), rel=1e-12, abs=1e-12)
+        assert stats.t_quantile(1 - q, 4) == pytest.approx(-t4_quantile(q), rel=1e-12, abs=1e-12)
+    assert stats.t_quantile(0.975, 10) == pytest.approx(2.2281388519862747, abs=1e-12)
+    assert stats.t_quantile(0.8, 10) == pytest.approx(0.8790578285505887, abs=1e-12)
+    assert stats.t_quantile(0.975, 3) > stats.t_quantile(0.975, 3.5) > stats.t_quantile(0.975, 4)
+    z, df = 1.959963984540054, 1e5
+    expansion = z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+    assert stats.t_quantile(0.975, df) == pytest.approx(expansion, abs=1e-9)
+    assert abs(stats.t_quantile(0.975, df) - z) < 3e-5  # (z^3 + z) / (4 df) = 2.4e-5
+
+
+def test_detectable_difference_by_hand():
+    """[0, 1, 2] against [3, 4, 5]: variances 1 and 1, se = sqrt(1/3 + 1/3) = 0.8164966, Welch's df = (2/3)^2 /
+    ((1/3)^2 / 2 + (1/3)^2 / 2) = 4. In a family of m = 24 rows: t_(1 - 0.05/48) at df 4 = 7.0956501 (q = 0.99895833,
+    a = 4q(1 - q) = 0.00416233, t4_quantile) and t_0.8 = 0.9409646 (a = 0.64), so the design detects with 80% power
+    (7.0956501 + 0.9409646) * 0.8164966 = 6.5618684. One value in a group: no se, nothing; no spread: 0."""
+    se, df = stats.welch_se_df([0, 1, 2], [3, 4, 5])
+    assert (se, df) == (pytest.approx(0.8164966, abs=1e-7), pytest.approx(4))
+    assert (t4_quantile(1 - 0.05 / 48), t4_quantile(0.8)) == (pytest.approx(7.0956501, abs=1e-7),
+                                                              pytest.approx(0.9409646, abs=1e-7))
+    assert stats.detectable_difference(se, df, 24) == pytest.approx(6.5618684, abs=1e-7)
+    assert stats.detectable_difference(*stats.welch_se_df([1.0], [2.0, 3.0]), 24) is None
+    assert stats.detectable_difference(*stats.welch_se_df([1.0, 1.0], [2.0, 2.0]), 24) == 0.0
 
 
 def test_welch_interval_by_hand():
@@ -82,9 +153,10 @@ def test_holm_by_hand():
     assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert stats.holm([0.5, 0.6]) == [1.0, 1.0]
     # 6 + 6 runs of one machine: the smallest exact p is 2 / C(12, 6) = 2/924, and Holm multiplies the smallest p by
-    # the number of comparisons m: a family of 21 such rows gives each 21 * 2/924 = 0.0455 (so the primary family
-    # keeps at most 21 rows); the 46 rows of the whole table would give 46 * 2/924 = 0.0996
-    assert stats.holm([2 / 924] * 21) == pytest.approx([21 * 2 / 924] * 21) and 21 * 2 / 924 < 0.05
+    # the number of comparisons m: a family of 23 such rows gives each 23 * 2/924 = 0.0498 < 0.05 (the most rows 6 + 6
+    # runs can decide), 24 rows 0.052; the 46 rows of the whole table would give 46 * 2/924 = 0.0996
+    assert stats.holm([2 / 924] * 23) == pytest.approx([23 * 2 / 924] * 23) and 23 * 2 / 924 < 0.05
+    assert stats.holm([2 / 924] * 24)[0] == pytest.approx(0.0519, abs=1e-4)
     assert stats.holm([2 / 924] * 46)[0] == pytest.approx(0.0996, abs=1e-4)
 
 
