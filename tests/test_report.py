@@ -203,17 +203,22 @@ def test_a_separated_primary_row_is_decided_and_the_same_p_exploratory_is_not():
     assert stats.verdict_words(diff, low, high, stats.holm([p] * 24)[0], "higher", 0.005) == "undecided"  # 0.052
 
 
-def test_the_primary_family_is_one_row_per_claim_and_metric_on_the_papers_regime():
-    """The primary family: each claim's metrics on one regime of VERDICT_SETS, at most 21 of them (so that 6 + 6 seeds
-    can decide a row after Holm); ViT claims on the paper's regime (CLS token + LayerScale), every other regime's
-    rows exploratory."""
-    primary = [(metric, paper) for _, metrics, paper, _ in verdict.CLAIMS for metric in metrics]
-    assert len(primary) == len(set(primary)) == 20 and len(primary) * 2 / 924 < 0.05
-    for _, metrics, paper, others in verdict.CLAIMS:
+def test_the_primary_family_is_the_plans_table():
+    """results/PLAN.md, committed before the seeds that decide the verdict trained, lists the primary family in a
+    table (#, claim, metric, set, against, X): verdict.primary_family is that table row for row, each regime's set
+    named by its first name in VERDICT_SETS, each margin as VERDICT_METRICS gives it (a number, or a share "10%")."""
+    with open(os.path.join(ROOT, "results", "PLAN.md")) as f:
+        section = f.read().split("\n## The primary family")[1].split("\n## ")[0]
+    planned = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+               if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    declared = []
+    for number, (claim, metric, regime, against) in enumerate(verdict.primary_family(), 1):
+        margin = verdict.VERDICT_METRICS[metric][2]
+        declared.append([str(number), claim, metric, verdict.VERDICT_SETS[regime][0], against,
+                         margin if isinstance(margin, str) else f"{margin:g}"])
+    assert len(planned) == 24 and declared == planned
+    for _, metrics, paper, others in verdict.CLAIMS:  # the other regimes' rows are exploratory, never the paper's
         assert paper in verdict.VERDICT_SETS and paper not in others and set(others) <= set(verdict.VERDICT_SETS)
-        assert all(metric in verdict.VERDICT_METRICS for metric in metrics)
-        if "val_acc" in metrics or "NC1" in metrics:
-            assert (paper, verdict.VERDICT_SETS[paper][0]) == ("vit_cls_ls", "six_vit_cls_ls12")
 
 
 def test_verdict_rows_from_run_folders(tmp_path):
@@ -274,6 +279,128 @@ def test_verdict_rows_from_run_folders(tmp_path):
     for (share, acc), expected in cases.items():
         two = [dict(set="s", metric="within-sequence share", words=share), dict(set="s", metric="val_acc", words=acc)]
         assert verdict.oversmoothing_lines(two)[-1] == f"| s | {share} | {acc} | {expected} |"
+
+
+def collected_run(kind, set_name, n_lap, seed, machine, x):
+    """A run as report.collect_runs yields it (its analysis.json with "run", "metrics" = report.run_metrics and
+    "machine") whose every verdict metric is a constant plus x (the ratio within- / between-class: (0.1 + 3x) / (0.1 +
+    x); the shares of the variance within a sequence: 0.8 - x)."""
+    end = {"vit": {"val_acc": 0.89 + x}, "gpt": {"val_bpb": 2.26 + x},
+           "dino": {"knn_acc": 0.71 + x, "linear_acc": 0.75 + x, "seg_miou": 0.1 + x}}[kind]
+    nc = {"vit": {"pooled": {"nc1": 0.4 + x, "nc2_equinorm": 0.2 + x, "nc2_equiangular": 0.1 + x, "nc3": 0.4 + x,
+                             "nc4": 0.02 + x}},
+          "gpt": {"nc1": 4.5 + x}, "dino": {}}[kind]
+    anova = ({"within_class_frac": 0.7 + x, "between_class_frac": 0.3 - x} if kind == "gpt" else
+             {"within_seq_frac": 0.8 - x, "within_class_frac": 0.1 + 3 * x, "between_class_frac": 0.1 + x})
+    a = dict(run=f"{set_name}/k{n_lap}-s{seed}", kind=kind, n_lap=n_lap, n_lap_label=str(n_lap), seed=seed,
+             final_metric={"name": analyze.FINAL_METRIC[kind][0], "value": list(end.values())[0], "step": 10},
+             settings={"layer": -1}, anova=anova, nc=nc,
+             etf={"pooled": {"vertex_dist": 0.2 + x}} if kind == "vit" else {},
+             layerwise={"within_seq_frac": [0.9, 0.85 - x, 0.8 - x], "cosine": [0.1, 0.2 + x, 0.3]},
+             spectrum={"k_0.9": 27 + x, "k_0.99": 64 + x})
+    return dict(a, metrics=report.run_metrics(a, end), machine=machine)
+
+
+def twelve_seeds(uniform_shift=None):
+    """The verdict's sets at twelve seeds a side as results/PLAN.md plans them, as report.collect_runs yields them:
+    six_vit_cls_ls12, six_gpt and six_dino, n_lap 0 and 4, seeds 0-5 on machine M1 and 6-11 on M2, x = 0.001 *
+    (seed mod 6) at n_lap 0 and 0.1 more at n_lap 4; and per uniform-graph set named in uniform_shift, its n_lap 4 runs
+    of seeds 0-11, all on M2 (they train beside seeds 6-11), x = the attention graph's plus the shift (a function of
+    the seed)."""
+    collected = {}
+    for kind, name in (("vit", "six_vit_cls_ls12"), ("gpt", "six_gpt"), ("dino", "six_dino")):
+        collected[name] = [collected_run(kind, name, n_lap, seed, "M1" if seed < 6 else "M2",
+                                         0.001 * (seed % 6) + (0.1 if n_lap else 0.0))
+                           for n_lap in (0, 4) for seed in range(12)]
+    for name, shift in (uniform_shift or {}).items():
+        kind = "gpt" if name == "uniform_gpt" else "vit"
+        collected[name] = [collected_run(kind, name, 4, seed, "M2", 0.1 + 0.001 * (seed % 6) + shift(seed))
+                           for seed in range(12)]
+    return collected
+
+
+def test_the_verdict_at_twelve_seeds_on_two_machines():
+    """The whole path on synthetic collected runs (twelve_seeds). By hand: each n_lap row is 12 + 12 runs, six of each
+    n_lap on each machine, every n_lap 4 run above its machine's n_lap 0 runs: of the 924 x 924 relabelings within
+    machines, the observed and its mirror reach |diff|: p = 2 / 924^2 = 2.34e-06, also the smallest p these runs
+    allow. With both uniform-graph sets the family has 24 rows and Holm multiplies that p by m = 24.
+    The reviewers' rule: the uniform sets' runs equal to the attention graph's (diff 0, spread 0.0018 a group, 95%
+    interval +-0.0015, inside every X): 'the graph does not matter beyond X'; the GPT's uniform runs 0.05 lower: rows
+    22 and 24 decided, 'the graph matters'. There M1 holds attention runs alone and exchanges nothing, and M2's 6
+    attention and 12 uniform runs are relabeled C(18, 6) = 18564 ways, of which only the observed reaches |diff|: p =
+    1/18564, and Holm, the 21st-24th smallest of 24, multiplies it by 24 - 20 = 4. The ViT's uniform set alone: 22
+    rows, undecided (not all four rows bounded)."""
+    def same(seed):
+        return 0.0
+
+    primary, exploratory = verdict.verdict_rows(twelve_seeds({"uniform_vit_cls_ls12": same, "uniform_gpt": same}))
+    assert [(r["claim"], r["metric"], r["set"], r["against"]) for r in primary] == [
+        (claim, metric, verdict.VERDICT_SETS[regime][0], against)
+        for claim, metric, regime, against in verdict.primary_family()]
+    assert len(primary) == 24
+    for r in primary[:20]:
+        assert (r["p"], r["floor"]) == (pytest.approx(2 / 924 ** 2), pytest.approx(2 / 924 ** 2))
+        assert r["holm"] == pytest.approx(24 * 2 / 924 ** 2) and r["machines"] == (
+            "M1 (seeds 0, 1, 2, 3, 4, 5); M2 (seeds 6, 7, 8, 9, 10, 11)")
+    for r in primary:
+        assert r["detectable"] == pytest.approx(stats.detectable_difference(r["se"], r["df"], 24))
+    graph = primary[20:]
+    assert [r["words"] for r in graph] == ["no difference larger than 0.005", "no difference larger than 0.01",
+                                           "no difference larger than 0.02", "no difference larger than 0.02"]
+    assert all(r["p"] == 1 and abs(r["diff"]) < 1e-12 and r["paper"] == "—" for r in graph)
+    assert graph[0]["machines"] == ("A: M2 (seeds 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11); "
+                                    "B: M1 (seeds 0, 1, 2, 3, 4, 5); M2 (seeds 6, 7, 8, 9, 10, 11)")
+    assert verdict.graph_answer(primary) == "the graph does not matter beyond X"
+    lines = verdict.verdict_lines(primary, exploratory, "sets", [])
+    assert "m = 24 rows, decided by Holm's correction over these 24 alone:" in lines[4]
+    assert sum(line.startswith("| the attention graph matters") for line in lines) == 4
+    assert lines[-3] == "Answer: the graph does not matter beyond X."
+    table = lines[6:6 + 2 + 24]
+    assert all(line.count("|") == 15 for line in table)  # 14 cells a row, the header's and the rule's too
+    text = next(line for line in lines if line.startswith("A, B:"))
+    assert ("The primary rows' runs allow p down to 2.34e-06 to 5.39e-05, so no Holm p there can be below 24 × "
+            "2.34e-06 = 5.62e-05.") in text  # the graph rows' floor: 1/18564, below
+    # exploratory: DINO's k_0.9 and k_0.99, the same separation, uncorrected and naming no way
+    assert [(r["metric"], r["set"], r["words"]) for r in exploratory] == [
+        (k, "six_dino", "differs at uncorrected p=2.34e-06, exploratory") for k in ("k_0.9", "k_0.99")]
+    assert all("holm" not in r and "detectable" not in r for r in exploratory)
+
+    primary, _ = verdict.verdict_rows(twelve_seeds({"uniform_vit_cls_ls12": same, "uniform_gpt": lambda s: -0.05}))
+    graph = {(r["metric"], r["set"]): r for r in primary[20:]}
+    bpb, share = graph["val_bpb", "six_gpt"], graph["within-sequence share", "six_gpt"]
+    assert (bpb["diff"], share["diff"]) == (pytest.approx(0.05), pytest.approx(-0.05))  # attention - uniform
+    assert bpb["p"] == pytest.approx(1 / 18564) and bpb["holm"] == pytest.approx(4 / 18564)
+    assert (bpb["words"], share["words"]) == ("hurts", "lowers")  # bits per byte higher on the attention graph
+    assert graph["val_acc", "six_vit_cls_ls12"]["words"] == "no difference larger than 0.005"
+    assert verdict.graph_answer(primary) == "the graph matters"
+    assert verdict.graph_lines(primary)[-1] == "Answer: the graph matters."
+
+    primary, _ = verdict.verdict_rows(twelve_seeds({"uniform_vit_cls_ls12": same}))
+    assert len(primary) == 22 and primary[20]["holm"] == pytest.approx(1.0)
+    assert [r["words"] for r in primary[20:]] == ["no difference larger than 0.005", "no difference larger than 0.02"]
+    assert verdict.graph_answer(primary) == "undecided"
+
+
+def test_the_reviewers_answer_follows_the_plans_rule():
+    """'the graph matters' where one of the four rows is decided (Holm p below 0.05), whatever the others read; 'does
+    not matter beyond X' only where all four are here and bounded; else undecided (a row undecided, or rows missing)."""
+    def rows(*words):
+        return [dict(claim=verdict.GRAPH_CLAIM, metric=metric, set="s", against="u", diff=0.0, words=w,
+                     holm=0.01 if w in ("helps", "hurts", "raises", "lowers") else 0.5)
+                for (metric, _), w in zip(verdict.GRAPH_ROWS, words)]
+    bounded = "no difference larger than 0.02"
+    other = [dict(claim="Neural Collapse", holm=0.001, words="raises")]  # a decided row of another claim counts not
+    assert verdict.graph_answer(other + rows("undecided", "hurts", "undecided", bounded)) == "the graph matters"
+    all_bounded = rows(bounded, bounded, bounded, bounded)
+    assert verdict.graph_answer(other + all_bounded) == "the graph does not matter beyond X"
+    assert verdict.graph_answer(other + rows(bounded, "undecided", bounded, bounded)) == "undecided"
+    assert verdict.graph_answer(other + rows(bounded, bounded, bounded)) == "undecided"  # row 24 missing
+    assert verdict.graph_answer(other) == "undecided"
+    lines = verdict.graph_lines(rows("undecided", "hurts", "undecided", bounded))
+    assert lines[-3:] == ["| within-sequence share | s | u | +0 | no difference larger than 0.02 |", "",
+                          "Answer: the graph matters."]
+    assert verdict.graph_lines(other)[-1] == ("Answer: undecided (none of its rows is here: uniform_vit_cls_ls12 and "
+                                              "uniform_gpt are not in this results folder).")
 
 
 def test_verdict_maps_show_the_same_images():
