@@ -402,7 +402,9 @@ def write_report(root, dest, command):
              "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")
     with common.atomic_write(os.path.join(dest, common.SUMMARY)) as f:
         f.write(compare_summary(sets.values(), intro, verdict_text).encode())
-    ladders = {name: c for name, c in sets.items() if not name.startswith("six_")}  # the verdict's sets have figures of their own
+    # the verdict's sets (six_*) have figures of their own; their uniform-graph arms (uniform_*, n_lap 4 alone) are no
+    # ladder over n_lap, and uniform_vit_cls_ls12, sorted before vit, would set the ViT column's recipe
+    ladders = {name: c for name, c in sets.items() if not name.startswith(("six_", "uniform_"))}
     headline = fig_headline(ladders, os.path.join(dest, "figures", "headline.png"))
     written = [f for c in sets.values() for f in c["figures"]] + verdict_figs
     written += [common.SUMMARY, os.path.join("figures", headline)]

@@ -1,11 +1,13 @@
 """
-The verdict: every claim of the paper, decided from the sweep's artefacts. CLAIMS lists each claim once with the
-metrics that measure it (VERDICT_METRICS: which way is better, the paper's way, the margin of "no difference"), the
-regime of the paper's own setting and the other regimes; VERDICT_SETS names the set of runs for each regime. Every row
-is n_lap = 4 against n_lap = 0 with its 95% interval and exact permutation p within machines: on the paper's regime a
-primary family with Holm's correction over it, on the others exploratory rows with p uncorrected; in words that follow
-one rule (stats.verdict_words). results/report.py writes its tables at the top of summary.md and its figures to
-results/figures/verdict/.
+The verdict: every claim of the paper, decided from the sweep's artefacts, and the reviewers' question whether a
+Laplacian head needs the attention graph. CLAIMS lists each claim once with the metrics that measure it
+(VERDICT_METRICS: which way is better, the paper's way, the margin of "no difference"), the regime of the paper's own
+setting and the other regimes; VERDICT_SETS names the set of runs for each regime, UNIFORM_SETS the uniform-graph arm
+beside two of them. The primary family is results/PLAN.md's table (primary_family): each claim on the paper's regime,
+n_lap = 4 against n_lap = 0, and the attention graph against the uniform graph at n_lap = 4 (GRAPH_ROWS), with Holm's
+correction over it; the claims on the other regimes are exploratory rows with p uncorrected. Every row has its 95%
+interval and exact permutation p within machines, in words that follow one rule (stats.verdict_words).
+results/report.py writes its tables at the top of summary.md and its figures to results/figures/verdict/.
 """
 
 import os
@@ -34,9 +36,12 @@ SCATTER_SETS = ("gpt_amd", "dino_amd")
 PAPER_VIT = "vit_cls_ls"
 OTHER_VITS = ("vit_mean", "vit_cls")
 # The paper's claims, each listed once: (the claim, the metrics that measure it, the regime of the paper's own setting,
-# the other regimes). A metric on the paper's regime is a row of the primary family, which Holm's correction over that
-# family alone decides: at most 21 rows, since 6 + 6 runs allow p = 2/924 and 21 x 2/924 = 0.045 < 0.05. On the other
-# regimes it is an exploratory row. "Some oversmoothing is beneficial" is no comparison of its own: see oversmoothing
+# the other regimes). A metric on the paper's regime is a row of the primary family (n_lap 4 against 0), which Holm's
+# correction over that family alone decides; on the other regimes it is an exploratory row. The family's size is
+# fixed in results/PLAN.md before the seeds that decide it trained: at twelve seeds a side its 24 rows can be decided
+# (6 + 6 runs of one machine allow p = 2/924, enough for at most 23 rows: 23 x 2/924 = 0.0498 < 0.05; six of each
+# group on each of two machines allow 2/924^2). "Some oversmoothing is beneficial" is no comparison of its own: see
+# oversmoothing_lines
 CLAIMS = [("Laplacian heads raise accuracy", ("val_acc",), PAPER_VIT, OTHER_VITS),
           ("Laplacian heads lower the LM's loss", ("val_bpb",), "gpt", ()),
           ("Laplacian heads raise DINO's probe accuracy", ("knn_acc", "linear_acc"), "dino", ()),
@@ -51,9 +56,18 @@ CLAIMS = [("Laplacian heads raise accuracy", ("val_acc",), PAPER_VIT, OTHER_VITS
           ("linguistic collapse", ("within-class share (next token)", "NC1 (next token)"), "gpt", ()),
           ("faster spectral decay", ("k_0.9", "k_0.99"), "gpt", ("dino",)),
           ("DINO segments objects better", ("seg_miou",), "dino", ())]
+# The reviewers' question, rows 21-24 of the primary family: does a Laplacian head need the attention graph? Each
+# (metric, regime): the regime's n_lap 4 runs (the attention graph) against its uniform-graph arm's (UNIFORM_SETS: the
+# regime's recipe with --graph=uniform, n_lap 4 only, where every Laplacian head subtracts its sequence's mean)
+GRAPH_CLAIM = "the attention graph matters to a Laplacian head"
+GRAPH_ROWS = [("val_acc", PAPER_VIT), ("val_bpb", "gpt"), ("within-sequence share", PAPER_VIT),
+              ("within-sequence share", "gpt")]
+UNIFORM_SETS = {PAPER_VIT: "uniform_vit_cls_ls12", "gpt": "uniform_gpt"}
+AGAINST_N_LAP_0 = "n_lap 0"  # a primary row's `against` for the paper's claims: the same set's n_lap 0 runs
 # Per metric: (which way is better, the paper's way, the margin X of "no difference larger than X"). Better None:
 # geometry, which has no better way (its words are "raises" and "lowers"). X a number: absolute; "10%": a tenth of
-# the n_lap 0 mean, for quantities whose scale differs between sets. Why these margins: MARGIN_REASONS
+# the mean of the comparison's first group (n_lap 0; the uniform graph), for quantities whose scale differs between
+# sets. Why these margins: MARGIN_REASONS
 VERDICT_METRICS = {
     "val_acc": ("higher", "higher", 0.005),
     "val_bpb": ("lower", "lower", 0.01),
@@ -90,15 +104,17 @@ MARGIN_REASONS = [
 def verdict_metrics(r):
     """The verdict's metrics (VERDICT_METRICS' keys) of one collected run, None where its analysis has none: the end
     metrics; the within-sequence and between-class shares of the patch tokens at the final norm and the ratio of
-    the within- to the between-class part (GPT: the within-class share of next-token classes); the within-sequence
-    share and the cosine after the last block; NC1-NC4 and the ETF vertex distance of the features the head reads
-    (GPT: NC1 of next-token classes); k_alpha."""
+    the within- to the between-class part (GPT: the within-class share of next-token classes, and the within-sequence
+    share of a window's tokens at the final norm, the last point of its layerwise curve); the within-sequence share and
+    the cosine after the last block; NC1-NC4 and the ETF vertex distance of the features the head reads (GPT: NC1 of
+    next-token classes); k_alpha."""
     values = {k: v for k, v in r["metrics"].items() if k in VERDICT_METRICS}  # the end metrics (run_metrics)
     anova = r["anova"]
     nc = r.get("nc") or {}
     if r["kind"] == "gpt":
         values["within-class share (next token)"] = anova.get("within_class_frac")
         values["NC1 (next token)"] = nc.get("nc1")
+        values["within-sequence share"] = r["layerwise"]["within_seq_frac"][-1]  # all of a window's tokens: no CLS
     else:
         values["within-sequence share"] = r["metrics"].get("within_seq (patch)")
         values["between-class share"] = r["metrics"].get("between_class (patch)")
@@ -123,52 +139,77 @@ def verdict_sets(collected):
             found[regime] = present[0]
     return found
 
+def at_n_lap(runs, n_lap):  # the runs of one n_lap label
+    return [r for r in runs if r["n_lap_label"] == n_lap]
+
 def by_n_lap(runs):  # [(n_lap, its runs)] for n_lap 0 and 4
-    return [(k, [r for r in runs if r["n_lap_label"] == k]) for k in ("0", "4")]
+    return [(k, at_n_lap(runs, k)) for k in ("0", "4")]
+
+def primary_family():
+    """The primary family, row by row as results/PLAN.md's table lists it: (claim, metric, regime, against). Rows 1-20:
+    each claim's metrics on the paper's regime, against = AGAINST_N_LAP_0; rows 21-24 (GRAPH_ROWS): against = the
+    regime's uniform-graph set."""
+    rows = [(claim, metric, regime, AGAINST_N_LAP_0) for claim, metrics, regime, _ in CLAIMS for metric in metrics]
+    return rows + [(GRAPH_CLAIM, metric, regime, UNIFORM_SETS[regime]) for metric, regime in GRAPH_ROWS]
 
 def verdict_rows(collected):
-    """The verdict's rows (verdict_row), one per claim, metric and set of CLAIMS on verdict_sets: the primary family
-    (each claim's metrics on the paper's regime), with Holm's correction over that family alone, and the exploratory
-    rows (the other regimes), with their p uncorrected; each with the rule's words (stats.verdict_words)."""
+    """The verdict's rows (verdict_row): the primary family (primary_family) on verdict_sets, each row present where its
+    sets are, with Holm's correction over the rows present and the smallest difference each detects with 80% power
+    (stats.detectable_difference); and the exploratory rows (each claim's metrics on the other regimes), with their p
+    uncorrected; each with the rule's words (stats.verdict_words). A row compares group A (`against`: the set's n_lap
+    0 runs, or the uniform-graph set's) with group B (the set's n_lap 4 runs): diff = mean(B) - mean(A)."""
     chosen = verdict_sets(collected)
     primary, exploratory = [], []
-    for claim, metrics, paper_regime, other_regimes in CLAIMS:
+    for claim, metric, regime, against in primary_family():
+        if regime not in chosen or (against != AGAINST_N_LAP_0 and against not in collected):
+            continue
+        runs = collected[chosen[regime]]
+        group_a = at_n_lap(runs, "0") if against == AGAINST_N_LAP_0 else at_n_lap(collected[against], "4")
+        row = verdict_row(metric, group_a, at_n_lap(runs, "4"))
+        if row:  # None: a metric the set's analyses lack
+            if claim == GRAPH_CLAIM:
+                row["paper"] = "—"  # the paper has no uniform-graph arm
+            primary.append(dict(row, claim=claim, set=chosen[regime], against=against))
+    for claim, metrics, _, other_regimes in CLAIMS:
         for metric in metrics:
-            for regime in [g for g in (paper_regime, *other_regimes) if g in chosen]:
-                row = verdict_row(metric, collected[chosen[regime]])
-                if row:  # None: a metric the set's analyses lack
-                    family = primary if regime == paper_regime else exploratory
-                    family.append(dict(row, claim=claim, set=chosen[regime]))
+            for regime in [g for g in other_regimes if g in chosen]:
+                row = verdict_row(metric, *[runs for _, runs in by_n_lap(collected[chosen[regime]])])
+                if row:
+                    exploratory.append(dict(row, claim=claim, set=chosen[regime], against=AGAINST_N_LAP_0))
     for row, corrected in zip(primary, stats.holm([row["p"] for row in primary])):
         row["holm"] = corrected
+        row["detectable"] = stats.detectable_difference(row["se"], row["df"], len(primary))
         row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], corrected, row["better"], row["margin"])
     for row in exploratory:
         row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], row["p"], row["better"], row["margin"],
                                            primary=False)
     return primary, exploratory
 
-def verdict_row(metric, runs):
-    """n_lap 4 against 0 in one metric of a set's runs: the means, the difference with its 95% interval
-    (welch_interval), the exact permutation p within machines, the smallest p those runs allow (floor), the margin,
-    the machines; None where a group has no value."""
-    groups = [[(verdict_metrics(r).get(metric), r["machine"], r["seed"]) for r in g] for _, g in by_n_lap(runs)]
+def verdict_row(metric, runs_a, runs_b):
+    """Group B's runs against group A's in one metric: the means, the difference mean(B) - mean(A) with its 95%
+    interval (welch_interval) and that interval's standard error and degrees of freedom, the exact permutation p
+    within machines, the smallest p those runs allow (floor), the margin, the machines; None where a group has no
+    value."""
+    groups = [[(verdict_metrics(r).get(metric), r["machine"], r["seed"]) for r in runs] for runs in (runs_a, runs_b)]
     groups = [[run for run in g if run[0] is not None] for g in groups]
     if not all(groups):
         return None
     v0, v1 = ([v for v, _, _ in g] for g in groups)
     pairs0, pairs1 = ([(v, machine) for v, machine, _ in g] for g in groups)
-    # the smallest p these runs allow: that of every n_lap 4 run above every n_lap 0 run
+    # the smallest p these runs allow: that of every group B run above every group A run
     ranks0 = [(i, machine) for i, (_, machine) in enumerate(pairs0)]
     ranks1 = [(len(pairs0) + i, machine) for i, (_, machine) in enumerate(pairs1)]
     better, paper, margin = VERDICT_METRICS[metric]
     mean0 = stats.mean_std(v0)
-    if isinstance(margin, str):  # a share of the n_lap 0 mean
+    if isinstance(margin, str):  # a share of group A's mean
         margin = float(margin.rstrip("%")) / 100 * abs(mean0["mean"])
     diff, low, high = stats.welch_interval(v0, v1)
+    se, df = stats.welch_se_df(v0, v1)
+    machines_a, machines_b = (machine_seeds([(machine, seed) for _, machine, seed in g]) for g in groups)
     return dict(metric=metric, better=better, paper=paper, margin=margin, mean0=mean0, mean1=stats.mean_std(v1),
-                diff=diff, low=low, high=high, p=stats.permutation_p(pairs0, pairs1),
+                diff=diff, low=low, high=high, se=se, df=df, p=stats.permutation_p(pairs0, pairs1),
                 floor=stats.permutation_p(ranks0, ranks1),
-                machines=machine_seeds([(machine, seed) for g in groups for _, machine, seed in g]))
+                machines=machines_a if machines_a == machines_b else f"A: {machines_a}; B: {machines_b}")
 
 def machine_seeds(pairs):  # "machine (seeds 0, 1, 2); ..." of (machine, seed) pairs
     seeds = {}
@@ -178,53 +219,76 @@ def machine_seeds(pairs):  # "machine (seeds 0, 1, 2); ..." of (machine, seed) p
 
 def verdict_lines(primary, exploratory, sets_line, figures):
     """summary.md's verdict: the primary family's table and the exploratory rows' table, how they were computed, the
-    rule, the margins, the oversmoothing claim."""
-    lines = ["## Verdict: every claim of the paper, n_lap = 4 against n_lap = 0", "", sets_line, ""]
+    rule, the margins, the oversmoothing claim, the reviewers' question."""
+    lines = ["## Verdict: every claim of the paper, n_lap = 4 against n_lap = 0; the attention graph against the "
+             "uniform graph", "", sets_line, ""]
     if not primary + exploratory:
         return lines + ["None of the verdict's sets is in this results folder."]
     m = len(primary)
-    lines += [f"Primary family: one comparison per claim and metric of the paper, each on the set of the paper's own "
-              f"regime ({_set_names(primary)}; the ViT's is DeiT-III's recipe: a CLS token, LayerScale 1e-6, 12 "
-              f"epochs), m = {m} rows, decided by Holm's correction over these {m} alone:", ""]
+    lines += [f"Primary family (results/PLAN.md): one comparison per claim and metric of the paper, each on the set of "
+              f"the paper's own regime ({_set_names(primary)}; the ViT's is DeiT-III's recipe: a CLS token, LayerScale "
+              f"1e-6, 12 epochs), n_lap = 4 against n_lap = 0, and the attention graph against the uniform graph at "
+              f"n_lap = 4 where a uniform-graph set is here ({', '.join(UNIFORM_SETS.values())}); m = {m} rows, "
+              f"decided by Holm's correction over these {m} alone:", ""]
     lines += verdict_table(primary, primary=True)
     lines += ["", f"Exploratory rows: the same claims on the other regimes ({_set_names(exploratory)}), outside the "
               "primary family: their p is not corrected, and their words name no way:", ""]
     lines += verdict_table(exploratory, primary=False)
-    floor = min([r["floor"] for r in primary] or [1.0])
-    lines += ["", f"4 − 0: the difference of means; its 95% interval by Student's t with Welch's degrees of freedom "
-              "(diff ± t · sqrt(s0²/n0 + s1²/n1), the unbiased std s). p: the exact permutation p of the difference, "
-              "exchanging n_lap labels only between runs of one machine. Holm p: Holm's step-down correction over "
-              f"the m = {m} rows of the primary family (the i-th smallest p times {m} − i + 1, never below a smaller "
-              f"p's, at most 1). The smallest p the primary rows' runs allow is {floor:.3g} (with n0 + n1 runs of one "
-              f"machine 2 / C(n0 + n1, n0): 3 + 3 runs 0.1, 6 + 6 runs 0.0022), so no Holm p there can be below "
-              f"{m} × {floor:.3g} = {min(1.0, m * floor):.3g}.",
+    floors = sorted(r["floor"] for r in primary) or [1.0]
+    allowed = f"{floors[0]:.3g}" + (f" to {floors[-1]:.3g}" if floors[-1] > floors[0] else "")
+    lines += ["", "A, B: a primary row compares group A (against: the set's n_lap 0 runs, or a uniform-graph set's "
+              "runs, --graph=uniform at n_lap 4) with group B (the set's n_lap 4 runs, on the attention graph); an "
+              "exploratory row n_lap 0 with n_lap 4. B − A, 4 − 0: the difference of means; its 95% interval by "
+              "Student's t with Welch's degrees of freedom (diff ± t · sqrt(s0²/n0 + s1²/n1), the unbiased std s; t "
+              "computed exactly). p: the exact permutation p of the difference, exchanging group labels only between "
+              "runs of one machine. Holm p: Holm's step-down correction over the m = "
+              f"{m} rows of the primary family (the i-th smallest p times {m} − i + 1, never below a smaller p's, at "
+              f"most 1). detectable (80%): the smallest |B − A| the design detects with 80% power at the row's "
+              f"observed spread, (t_(1 − α/(2m)) + t_0.8) · se with α = 0.05, m = {m} (Bonferroni's level α/m, Holm's "
+              "first and strictest step) and se = sqrt(s0²/n0 + s1²/n1) and the degrees of freedom of the row's Welch "
+              "interval: the usual normal-theory approximation, the effect against which 'undecided' and 'no "
+              "difference larger than X' read. The smallest p a row's runs allow (every B run beyond every A run) is "
+              "2 / C(n0 + n1, n0) where one machine trained them all (3 + 3 runs 0.1, 6 + 6 runs 0.0022); where "
+              "several did, 1 or 2 over the product of each machine's C(n_m, k_m) (its n_m runs, k_m of them B's): "
+              "six runs of each group on each of two machines allow 2 / 924² = 2.3e-06. The primary rows' runs allow "
+              f"p down to {allowed}, so no Holm p there can be below {m} × {floors[0]:.3g} = "
+              f"{min(1.0, m * floors[0]):.3g}.",
               "", "The rule: a primary row reads 'helps' or 'hurts' (end metrics, by their better way) or 'raises' or "
               "'lowers' (geometry, which has no better way) only where its Holm p is below 0.05; an exploratory row "
               "whose uncorrected p is below 0.05 reads 'differs at uncorrected p=…, exploratory', never 'helps', "
               "'hurts', 'raises' or 'lowers'; any other row reads 'no difference larger than X' where its 95% "
-              "interval lies inside ±X, otherwise 'undecided'. paper: the way the paper finds the metric moving with "
-              "Laplacian heads.",
+              "interval lies inside ±X, otherwise 'undecided'. In the rows of 'the attention graph matters' 'helps' "
+              "means that the attention graph gives the better value. paper: the way the paper finds the metric "
+              "moving with Laplacian heads (—: the paper has no uniform-graph arm).",
               "", "Margins X: " + "; ".join(MARGIN_REASONS) + ".", "",
-              "Metrics: the shares are of the patch tokens' variance at the final norm (ANOVA); 'last block': before "
-              "the final norm; NC1-NC4 and the ETF vertex distance are of the features the head reads (the mean of "
-              "the patch tokens, or the CLS token); the GPT's are of next-token classes; val_loss is val_bpb × ln 2 "
-              "for these character-level runs (one byte per character), so only val_bpb is tested."]
+              "Metrics: the shares are of the patch tokens' variance at the final norm (ANOVA; the GPT's "
+              "within-sequence share: of a window's tokens); 'last block': before the final norm; NC1-NC4 and the "
+              "ETF vertex distance are of the features the head reads (the mean of the patch tokens, or the CLS "
+              "token); the GPT's other shares and NC1 are of next-token classes; val_loss is val_bpb × ln 2 for "
+              "these character-level runs (one byte per character), so only val_bpb is tested."]
     lines += oversmoothing_lines(primary)
+    lines += graph_lines(primary)
     return lines + ["", "Figures: " + ", ".join(figures)]
 
 def verdict_table(rows, primary):
-    """The verdict's rows as a table: the claim, metric, set and machines, the means, the difference with its interval,
-    p (the primary family: and Holm's p), the paper's way, the margin X and the rule's words."""
-    p_header = "p | Holm p" if primary else "p (uncorrected)"
-    words_header = "verdict" if primary else "reading"
-    lines = [f"| claim | metric | set | machine (seeds) | n_lap = 0 | n_lap = 4 | 4 − 0 [95% interval] | {p_header} | "
-             f"paper | X | {words_header} |", "|---" * (12 if primary else 11) + "|"]
+    """The verdict's rows as a table: the claim, metric, set, (the primary family:) what it is compared against, the
+    machines, the means, the difference with its interval, p (the primary family: Holm's p and the detectable
+    difference), the paper's way, the margin X and the rule's words."""
+    if primary:
+        header = ("| claim | metric | set | against | machine (seeds) | A: against | B: set, n_lap = 4 | "
+                  "B − A [95% interval] | p | Holm p | detectable (80%) | paper | X | verdict |")
+    else:
+        header = ("| claim | metric | set | machine (seeds) | n_lap = 0 | n_lap = 4 | 4 − 0 [95% interval] | "
+                  "p (uncorrected) | paper | X | reading |")
+    columns = header.count(" | ") + 1
+    lines = [header, "|---" * columns + "|"]
     for r in rows:
         interval = "n/a" if r["low"] is None else f"[{r['low']:+.4g}, {r['high']:+.4g}]"
-        p = f"{r['p']:.3g} | {r['holm']:.3g}" if primary else f"{r['p']:.3g}"
-        lines.append(f"| {r['claim']} | {r['metric']} | {r['set']} | {r['machines']} | {stats.mean_std_text(r['mean0'])} | "
-                     f"{stats.mean_std_text(r['mean1'])} | {r['diff']:+.4g} {interval} | {p} | {r['paper']} | {r['margin']:.4g} | "
-                     f"{r['words']} |")
+        against = f" {r['against']} |" if primary else ""
+        p = f"{r['p']:.3g} | {r['holm']:.3g} | {analyze.fmt(r['detectable'], '.3g')}" if primary else f"{r['p']:.3g}"
+        lines.append(f"| {r['claim']} | {r['metric']} | {r['set']} |{against} {r['machines']} | "
+                     f"{stats.mean_std_text(r['mean0'])} | {stats.mean_std_text(r['mean1'])} | {r['diff']:+.4g} "
+                     f"{interval} | {p} | {r['paper']} | {r['margin']:.4g} | {r['words']} |")
     return lines
 
 def _set_names(rows):  # the sets of the rows, each once, in their order
@@ -254,7 +318,33 @@ def oversmoothing_lines(rows):
         lines.append(f"| {name} | {share} | {acc} | {holds} |")
     return lines
 
-def verdict_sets_line(collected, chosen):  # summary.md: the verdict's set of each regime, and its corpus for the GPT
+def graph_answer(primary):
+    """The reviewers' question answered by results/PLAN.md's rule from the primary rows of GRAPH_CLAIM: "the graph
+    matters" where one of them is decided (its Holm p below 0.05); "the graph does not matter beyond X" where every
+    one of GRAPH_ROWS is here and reads "no difference larger than X"; otherwise "undecided"."""
+    rows = [r for r in primary if r["claim"] == GRAPH_CLAIM]
+    if any(r["holm"] < stats.ALPHA for r in rows):
+        return "the graph matters"
+    if len(rows) == len(GRAPH_ROWS) and all(r["words"].startswith("no difference larger than") for r in rows):
+        return "the graph does not matter beyond X"
+    return "undecided"
+
+def graph_lines(primary):
+    """summary.md: the reviewers' question, its rows of the primary family and the answer (graph_answer)."""
+    rows = [r for r in primary if r["claim"] == GRAPH_CLAIM]
+    lines = ["", "The ICLR reviewers' question, 'does a Laplacian head need the attention graph?', answered from the "
+             f"primary family's rows of '{GRAPH_CLAIM}' (results/PLAN.md's rows 21-24) by PLAN.md's rule: 'the graph "
+             "matters' where one of them is decided; 'the graph does not matter beyond X' where all four read 'no "
+             "difference larger than X' (each with its own X); otherwise undecided.", ""]
+    if rows:
+        lines += ["| metric | set | against | B − A | verdict |", "|---|---|---|---|---|"]
+        lines += [f"| {r['metric']} | {r['set']} | {r['against']} | {r['diff']:+.4g} | {r['words']} |" for r in rows]
+        lines += [""]
+    missing = "" if rows else (f" (none of its rows is here: {' and '.join(UNIFORM_SETS.values())} are not in this "
+                               "results folder)")
+    return lines + [f"Answer: {graph_answer(primary)}{missing}."]
+
+def verdict_sets_line(collected, chosen):  # summary.md: each regime's verdict set (GPT: its corpus), the uniform arms
     parts = []
     for regime, names in VERDICT_SETS.items():
         if regime not in chosen:
@@ -266,7 +356,9 @@ def verdict_sets_line(collected, chosen):  # summary.md: the verdict's set of ea
             corpora = sorted({common.read_result(r["run"]).get("corpus", "unrecorded") for r in collected[name]})
             note += f", corpus {', '.join(corpora)}"
         parts.append(f"{regime}: {name}{note}")
-    return "Verdict sets (VERDICT_SETS in results/report.py): " + "; ".join(parts) + "."
+    uniform = [name for name in UNIFORM_SETS.values() if name in collected]
+    parts.append("uniform graph: " + (", ".join(uniform) or f"none of {', '.join(UNIFORM_SETS.values())} here"))
+    return "Verdict sets (VERDICT_SETS in results/verdict.py): " + "; ".join(parts) + "."
 
 # ---------------------------------------------------------------- the verdict's figures
 
