@@ -169,10 +169,12 @@ def param_groups(model):
     return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 def clip_gradients(model, clip):
-    """DINO clips every parameter's gradient to norm `clip` separately (not one global norm)."""
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.mul_(torch.clamp(clip / (p.grad.norm() + 1e-6), max=1.0))
+    """DINO clips every parameter's gradient to norm `clip` separately (not one global norm):
+    g *= min(1, clip / (|g| + 1e-6)). All norms and factors at once (foreach ops), never read on the host."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if grads:  # the model lives on one device in one dtype, so one stack holds every norm
+        factors = torch.clamp(clip / (torch.stack(torch._foreach_norm(grads)) + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, list(factors.unbind()))
 
 def cancel_last_layer_grads(head, epoch, freeze_epochs):
     """In the first freeze_epochs epochs the head's last layer gets no update (its gradient is dropped)."""

@@ -149,6 +149,40 @@ def test_clip_gradients_per_parameter():
     td.clip_gradients(torch.nn.ParameterList([a, b]), 1.0)
     assert a.grad.norm().item() == pytest.approx(1.0, rel=1e-5) and torch.equal(b.grad, torch.tensor([0.1, 0.0, 0.0]))
 
+
+def clip_gradients_one_by_one(model, clip):
+    """The reference: DINO's clip_gradients as a loop, one parameter at a time (train_dino.py's code before foreach)."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(torch.clamp(clip / (p.grad.norm() + 1e-6), max=1.0))
+
+
+def test_clip_gradients_equals_the_loop_over_parameters():
+    """A small DINO student with random gradients of norms from 0.01 to 100 around the clip of 1: the gradients under
+    the clip stay as they were, those above are scaled to norm 1, each as the one-parameter-at-a-time loop does it."""
+    torch.manual_seed(0)
+    cfg = make_config("vit-cpu", n_layer=2, n_embd=32, n_head=2, num_classes=0)
+    model = td.DINO(ViT(cfg), DINOHead(32, 64, 32, 16))
+    params = [p for p in model.parameters() if p.requires_grad]
+    for i, p in enumerate(params):
+        p.grad = torch.randn_like(p) * 10.0 ** (i % 5 - 2) / (p.numel() ** 0.5)  # norms near 0.01, 0.1, 1, 10, 100
+    before = [p.grad.clone() for p in params]
+    norms = torch.stack([g.norm() for g in before])
+    assert (norms < 0.5).sum() >= 5 and (norms > 2).sum() >= 5  # both sides of the clip
+    reference = [g.clone() for g in before]
+    for p, g in zip(params, reference):
+        p.grad = g
+    clip_gradients_one_by_one(model, 1.0)
+    for p, g in zip(params, before):
+        p.grad = g.clone()
+    td.clip_gradients(model, 1.0)
+    for p, g, want, norm in zip(params, before, reference, norms):
+        torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-9)
+        if norm < 1:  # under the clip: unchanged
+            assert torch.equal(p.grad, g)
+        else:
+            assert p.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+
 # ---- data order and augmentation
 
 
