@@ -306,11 +306,17 @@ def read_result(run_dir):
         return {}
     return dict(word.split("=", 1) for word in open(path).read().split() if "=" in word)
 
-def check_finite(loss, step):
-    """Stop before the optimizer step when the loss is NaN or inf."""
-    if not math.isfinite(float(loss)):
-        raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: stopped before the optimizer step. "
-                                 f"Try a lower learning rate or --grad_clip.")
+def check_finite(loss, step, first_step=None):
+    """Stop when the loss is NaN or inf: the loss of `step`, before its optimizer step; or (first_step given) the sum
+    of the losses of steps first_step..step, read on the host only now and then, before a checkpoint holds them."""
+    if math.isfinite(float(loss)):
+        return
+    if first_step is None:
+        where = f"at step {step}: stopped before the optimizer step"
+    else:
+        steps = f"at step {step}" if first_step == step else f"in steps {first_step}-{step}"
+        where = f"{steps}: stopped before a checkpoint holds the weights of these steps"
+    raise FloatingPointError(f"non-finite loss {float(loss)} {where}. Try a lower learning rate or --grad_clip.")
 
 def format_time(seconds):
     s = int(seconds)
