@@ -347,9 +347,10 @@ if __name__ == "__main__":
         common.set_rng_state(ckpt["rng"][rank])
         print0(f"resumed from {ckpt_path} at step {start_step}")
     end_step = stop_at_step if start_step < stop_at_step < max_iters else max_iters  # a resume runs past its stop
-    if compile_model:  # the backbones: the DINO wrapper concatenates crops of several sizes
-        student.backbone = torch.compile(student.backbone)
-        teacher.backbone = torch.compile(teacher.backbone)
+    teacher_backbone = teacher.backbone  # the probes read it uncompiled: each of their sizes would compile a graph
+    if compile_model:  # a static graph per crop size (student: global, local; teacher: global), never recompiled
+        student.backbone = torch.compile(student.backbone, dynamic=False)
+        teacher.backbone = torch.compile(teacher.backbone, dynamic=False)
     ddp_student = DDP(student, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else student
     lr_peak = lr * batch_size / 256  # DINO's linear scaling rule
     warmup_iters = round(warmup_epochs * steps_per_epoch)
@@ -376,7 +377,7 @@ if __name__ == "__main__":
                 common.check_finite(loss_sum.item(), step - 1, first_step=step - n_loss)
             if master:  # k-NN of the teacher backbone, then a checkpoint with every process's random state
                 check_finite_weights([*student.parameters(), *teacher.parameters(), center], step)
-                knn_acc = probes.knn_eval(teacher.backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
+                knn_acc = probes.knn_eval(teacher_backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
                 knn_init = knn_acc if step == 0 else knn_init
                 common.append_jsonl(log_path, dict(
                     step=step, epoch=round(step / steps_per_epoch, 4), knn_acc=knn_acc, knn_acc_pixels=pixels_knn,
@@ -389,7 +390,7 @@ if __name__ == "__main__":
             if master:
                 common.save_checkpoint(dict(  # the contract analyze.py reads: kind, model_config, model, config
                     kind="dino", model_config=asdict(teacher_config),
-                    model=common.clean_state_dict(teacher.backbone.state_dict()), config=config,
+                    model=teacher_backbone.state_dict(), config=config,
                     student=common.clean_state_dict(student.state_dict()),
                     teacher=common.clean_state_dict(teacher.state_dict()), center=center.cpu(), step=step,
                     optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=step / steps_per_epoch,
@@ -459,7 +460,7 @@ if __name__ == "__main__":
         print(f"stopped at step {end_step} of {max_iters} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
         res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn)
-        res.update(probes.evaluate_final(teacher.backbone, eval_sets, seg_sets, linear_blocks=linear_blocks,
+        res.update(probes.evaluate_final(teacher_backbone, eval_sets, seg_sets, linear_blocks=linear_blocks,
                                          probe_steps=probe_steps, seed=seed, ctx=ctx, **probe))
         common.append_jsonl(log_path, dict(step=end_step, **res, machine=machine))
         common.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,

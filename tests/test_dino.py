@@ -416,6 +416,15 @@ def test_tiny_run_writes_result_log_and_checkpoint(tmp_path):
     assert all(torch.equal(v, ckpt["teacher"]["backbone." + k]) for k, v in ckpt["model"].items())
 
 
+def training_step(frame):
+    """The `step` of train_dino.py run in this process (run_here) as frame runs, inside its call stack: None outside it
+    or before its training loop."""
+    while frame is not None and not (frame.f_code.co_filename == os.path.join(ROOT, SCRIPT)
+                                     and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    return None if frame is None else frame.f_globals.get("step")
+
+
 HOST_READS = ("item", "__bool__", "__float__", "__int__", "tolist")  # each one waits for the GPU's queued work
 
 
@@ -427,14 +436,8 @@ def test_training_reads_values_on_the_host_only_at_progress_lines_and_evaluation
     (steps 4, 9, ...: their teacher statistics, then the loss after `step` has counted them) and at evaluations, never
     in between. data/augment.py reads numbers it draws on the CPU, which waits for nothing (and the test above shows
     it never reads a device tensor); a CPU run cannot tell them apart here, so its reads are left out."""
-    script = os.path.join(ROOT, SCRIPT)
     left_out = (os.path.join(ROOT, "tests") + os.sep, os.path.join(ROOT, "data", "augment.py"))
     reads = []
-
-    def training_step(frame):  # the script's `step` at this moment: None before its training loop
-        while frame is not None and not (frame.f_code.co_filename == script and frame.f_code.co_name == "<module>"):
-            frame = frame.f_back
-        return None if frame is None else frame.f_globals.get("step")
 
     def counted(name):
         original = getattr(torch.Tensor, name)
@@ -461,6 +464,42 @@ def test_training_reads_values_on_the_host_only_at_progress_lines_and_evaluation
     stray = [r for r in in_training if r[0] not in allowed]
     assert not stray, f"host reads in steps that neither log nor evaluate: {stray[:10]} ({len(stray)} in all)"
     assert {5, 8, 10, 15, 20} <= {r[0] for r in in_training}  # the counting sees the progress lines and evaluations
+
+
+def test_compiled_backbones_keep_one_static_graph_per_crop_size(tmp_path, monkeypatch):
+    """Two crop sizes a step (2 x 64 global crops of 28 px, 2 x 64 local ones of 14 px): with --compile_model=True the
+    student compiles one static graph for each, the teacher one for the global crops, all in step 0, and none after:
+    not in 8 steps over two epochs (4 steps each, 32 of the 288 images left out: no smaller last batch), nor for the
+    k-NN at steps 0, 3, 6 and 8 and the final linear and segmentation probes (56 px images), which read the uncompiled
+    backbone; none has symbolic sizes (the old code compiled the local crops' graph dynamic). torch.compile is given
+    a backend that records each graph (its image input, the step it came in) and runs it uncompiled: seconds. The
+    checkpoint's names carry no torch.compile prefix."""
+    from torch._dynamo.utils import counters
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        image = next(x for name, x in zip(names, example_inputs) if "img" in name)
+        symbolic = any(isinstance(x, torch.SymInt) for x in example_inputs) or any(
+            isinstance(d, torch.SymInt) for x in example_inputs if isinstance(x, torch.Tensor) for d in x.shape)
+        graphs.append((training_step(sys._getframe()), tuple(image.shape), symbolic))
+        return gm.forward
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: compile_(model, backend=recording_backend, **kwargs))
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        run_here(SCRIPT, *TINY, "--dataset=synthetic", "--train_subset=288", "--epochs=2", "--log_interval=2",
+                 "--eval_interval=3", "--seg_dataset=scenes", "--seg_train=40", "--seg_val=20", "--compile_model=True",
+                 "--cpu_procs=1", f"--out_dir={tmp_path}")
+        unique_graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert unique_graphs == len(graphs) == 3, graphs
+    assert sorted(graphs) == [(0, (128, 1, 14, 14), False), (0, (128, 1, 28, 28), False), (0, (128, 1, 28, 28), False)]
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert ckpt["step"] == 8 and not [k for key in ("model", "student", "teacher") for k in ckpt[key] if "_orig_mod" in k]
 
 
 @pytest.mark.slow
