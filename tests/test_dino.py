@@ -434,8 +434,8 @@ def test_training_reads_values_on_the_host_only_at_progress_lines_and_evaluation
     and evaluations every 8, and every such read that the repository's own code makes is counted with the training
     step it came in (the script's `step` at that moment). Reads happen in the iterations that print a progress line
     (steps 4, 9, ...: their teacher statistics, then the loss after `step` has counted them) and at evaluations, never
-    in between. data/augment.py reads numbers it draws on the CPU, which waits for nothing (and the test above shows
-    it never reads a device tensor); a CPU run cannot tell them apart here, so its reads are left out."""
+    in between. data/augment.py reads numbers it draws on the CPU, which waits for nothing (it never reads a device
+    tensor: test_augmentation_never_waits_for_the_device); a CPU run cannot tell those apart, so they are left out."""
     left_out = (os.path.join(ROOT, "tests") + os.sep, os.path.join(ROOT, "data", "augment.py"))
     reads = []
 
