@@ -306,14 +306,18 @@ def read_result(run_dir):
         return {}
     return dict(word.split("=", 1) for word in open(path).read().split() if "=" in word)
 
-def check_finite(value, step, since=None, what="loss"):
-    """Stop when a loss or gradient norm is NaN or inf. The loops add these up on the device and read the sums only
-    at a progress line or before a checkpoint (a read waits for the GPU), so the bad step lies after step `since`:
-    every checkpoint on disk is older than it."""
-    if not math.isfinite(float(value)):
-        where = f"at step {step}" if since is None or since + 1 >= step else f"in steps {since + 1}-{step}"
-        raise FloatingPointError(f"non-finite {what} {float(value)} {where}: stopped before its weights were saved. "
-                                 f"Try a lower learning rate or --grad_clip.")
+def check_finite(value, step, first_step=None, what="loss"):
+    """Stop when a loss (or gradient norm) is NaN or inf: the loss of `step`, before its optimizer step; or (first_step
+    given) a sum over steps first_step..step, which the loops add up on the device and read on the host only at a
+    progress line or before a checkpoint (a read waits for the GPU), so no checkpoint holds these steps' weights."""
+    if math.isfinite(float(value)):
+        return
+    if first_step is None:
+        where = f"at step {step}: stopped before the optimizer step"
+    else:
+        steps = f"at step {step}" if first_step == step else f"in steps {first_step}-{step}"
+        where = f"{steps}: stopped before a checkpoint holds the weights of these steps"
+    raise FloatingPointError(f"non-finite {what} {float(value)} {where}. Try a lower learning rate or --grad_clip.")
 
 def format_time(seconds):
     s = int(seconds)

@@ -169,16 +169,25 @@ def param_groups(model):
     return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 def clip_gradients(model, clip):
-    """DINO clips every parameter's gradient to norm `clip` separately (not one global norm)."""
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.mul_(torch.clamp(clip / (p.grad.norm() + 1e-6), max=1.0))
+    """DINO clips every parameter's gradient to norm `clip` separately (not one global norm):
+    g *= min(1, clip / (|g| + 1e-6)). All norms and factors at once (foreach ops), never read on the host."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if grads:  # the model lives on one device in one dtype, so one stack holds every norm
+        factors = torch.clamp(clip / (torch.stack(torch._foreach_norm(grads)) + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, list(factors.unbind()))
 
 def cancel_last_layer_grads(head, epoch, freeze_epochs):
     """In the first freeze_epochs epochs the head's last layer gets no update (its gradient is dropped)."""
     if epoch < freeze_epochs:
         for p in (head.weight_v, head.weight_g):  # the last layer
             p.grad = None
+
+@torch.no_grad()
+def check_finite_weights(tensors, step):
+    """Stop before a checkpoint would save a NaN or inf: the weights that a loss not yet read may have spoiled."""
+    if not torch.stack([t.isfinite().all() for t in tensors]).all():  # one host read
+        raise FloatingPointError(f"non-finite weights after step {step}: stopped before they are saved. "
+                                 f"Try a lower learning rate or --grad_clip.")
 
 @torch.no_grad()
 def teacher_stats(teacher_out, center, temp):
@@ -203,8 +212,8 @@ def epoch_batches(x_train, subset, n, batch_size, step, seed, rank, world, num_w
     last = (step // (n // batch_size) + 1) * (n // batch_size)
     idx = (batch_indices(n, batch_size, s, seed=seed, rank=rank, world=world) for s in range(step, last))
     idx = (i if subset is None else subset[i] for i in idx)
-    if isinstance(x_train, torch.Tensor):
-        return (x_train[i] for i in idx)
+    if isinstance(x_train, torch.Tensor):  # pinned on CUDA: a copy from pageable memory would wait for the GPU
+        return (x_train[i].pin_memory() if pin_memory else x_train[i] for i in idx)
     loader = torch.utils.data.DataLoader(x_train, batch_sampler=[i.tolist() for i in idx], num_workers=num_workers,
                                          pin_memory=pin_memory)
     return (x.as_subclass(torch.Tensor) for x, _ in loader)
@@ -338,9 +347,10 @@ if __name__ == "__main__":
         common.set_rng_state(ckpt["rng"][rank])
         print0(f"resumed from {ckpt_path} at step {start_step}")
     end_step = stop_at_step if start_step < stop_at_step < max_iters else max_iters  # a resume runs past its stop
-    if compile_model:  # the backbones: the DINO wrapper concatenates crops of several sizes
-        student.backbone = torch.compile(student.backbone)
-        teacher.backbone = torch.compile(teacher.backbone)
+    teacher_backbone = teacher.backbone  # the probes read it uncompiled: each of their sizes would compile a graph
+    if compile_model:  # a static graph per crop size (student: global, local; teacher: global), never recompiled
+        student.backbone = torch.compile(student.backbone, dynamic=False)
+        teacher.backbone = torch.compile(teacher.backbone, dynamic=False)
     ddp_student = DDP(student, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else student
     lr_peak = lr * batch_size / 256  # DINO's linear scaling rule
     warmup_iters = round(warmup_epochs * steps_per_epoch)
@@ -354,7 +364,7 @@ if __name__ == "__main__":
     step = start_step
     batches = None
     images_seen = 0  # the log window: since the last progress line
-    loss_sum = 0.0
+    loss_sum = torch.zeros((), device=run_device)  # summed on the device: read on the host at progress lines only
     n_loss = 0
     knn_acc = None
     t_std = float("nan")  # the teacher's output statistics, measured at each progress line
@@ -363,13 +373,16 @@ if __name__ == "__main__":
     while True:
         if (step % eval_interval == 0 or step == end_step) and not (ckpt is not None and step == start_step):
             t0 = time.time()
+            if n_loss:  # the losses since the last progress line: no checkpoint holds a step before its loss is read
+                common.check_finite(loss_sum.item(), step - 1, first_step=step - n_loss)
             if master:  # k-NN of the teacher backbone, then a checkpoint with every process's random state
-                knn_acc = probes.knn_eval(teacher.backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
+                check_finite_weights([*student.parameters(), *teacher.parameters(), center], step)
+                knn_acc = probes.knn_eval(teacher_backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
                 knn_init = knn_acc if step == 0 else knn_init
                 common.append_jsonl(log_path, dict(
                     step=step, epoch=round(step / steps_per_epoch, 4), knn_acc=knn_acc, knn_acc_pixels=pixels_knn,
-                    loss=last_loss, teacher_std=t_std, teacher_entropy=t_ent, seconds=round(time.time() - t_start, 1),
-                    machine=machine))
+                    loss=float(last_loss), teacher_std=t_std, teacher_entropy=t_ent,
+                    seconds=round(time.time() - t_start, 1), machine=machine))
                 print(f"eval step {step}: knn_acc {knn_acc:.4f} (step 0: {knn_init:.4f}, raw pixels {pixels_knn:.4f})")
             rngs = [common.rng_state()] * world
             if world > 1:
@@ -377,7 +390,7 @@ if __name__ == "__main__":
             if master:
                 common.save_checkpoint(dict(  # the contract analyze.py reads: kind, model_config, model, config
                     kind="dino", model_config=asdict(teacher_config),
-                    model=common.clean_state_dict(teacher.backbone.state_dict()), config=config,
+                    model=teacher_backbone.state_dict(), config=config,
                     student=common.clean_state_dict(student.state_dict()),
                     teacher=common.clean_state_dict(teacher.state_dict()), center=center.cpu(), step=step,
                     optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=step / steps_per_epoch,
@@ -405,8 +418,7 @@ if __name__ == "__main__":
                 teacher_out = teacher(crops[:1]).float()  # only the global crops go through the teacher
             student_out = ddp_student(crops).float()  # ((2 + n) * B, out_dim)
         loss = dino_loss(student_out, teacher_out, center, student_temp=student_temp, teacher_temp=t_temp)
-        last_loss = loss.item()  # every process has the whole batch's loss from its own share: read before the step
-        common.check_finite(last_loss, step)
+        last_loss = loss.detach()  # read on the host at evaluations only: a read waits for every queued kernel
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
@@ -425,8 +437,10 @@ if __name__ == "__main__":
         n_loss += 1
 
         if step % log_interval == 0 or step == end_step:
+            mean_loss = loss_sum.item() / n_loss  # the one host read of the loss in log_interval steps
+            common.check_finite(mean_loss, step - 1, first_step=step - n_loss)
             ips = images_seen / max(time.time() - t_last, 1e-9)
-            print0(f"step {step}/{max_iters} | ep {step / steps_per_epoch:.2f} | loss {loss_sum / n_loss:.4f} | "
+            print0(f"step {step}/{max_iters} | ep {step / steps_per_epoch:.2f} | loss {mean_loss:.4f} | "
                    f"lr {lr_step:.2e} | wd {wd_step:.3f} | mom {momentum:.5f} | t_temp {t_temp:.4f} | t_std {t_std:.4f} | "
                    f"t_ent {t_ent:.3f} | {ips:.0f} img/s | "
                    f"ETA {common.format_time((end_step - step) * batch_size / max(ips, 1e-9))}")
@@ -437,7 +451,7 @@ if __name__ == "__main__":
                        f"A lower lr or a higher momentum_teacher also help.")
             t_last = time.time()
             images_seen = 0
-            loss_sum = 0.0
+            loss_sum.zero_()
             n_loss = 0
 
     # ---- the end: the processes part, then the first one alone runs the final probes (no process waits for it)
@@ -446,7 +460,7 @@ if __name__ == "__main__":
         print(f"stopped at step {end_step} of {max_iters} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
         res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn)
-        res.update(probes.evaluate_final(teacher.backbone, eval_sets, seg_sets, linear_blocks=linear_blocks,
+        res.update(probes.evaluate_final(teacher_backbone, eval_sets, seg_sets, linear_blocks=linear_blocks,
                                          probe_steps=probe_steps, seed=seed, ctx=ctx, **probe))
         common.append_jsonl(log_path, dict(step=end_step, **res, machine=machine))
         common.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,

@@ -327,7 +327,7 @@ if __name__ == "__main__":
         # a resumed run's first step was evaluated before it stopped
         evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None or last)
         if evaluating or stopped:  # a checkpoint may follow: no weight it saves may come from a non-finite step
-            common.check_finite(logged_norm, step, since=step - logged_steps, what="gradient norm")
+            common.check_finite(logged_norm, step - 1, first_step=step - logged_steps, what="gradient norm")
         t_eval = time.time()  # the read above waited for the steps: from here on it is evaluation time
         if evaluating:
             model.eval()
@@ -382,8 +382,8 @@ if __name__ == "__main__":
         if step % log_interval == 0 or step == max_iters:
             sums = common.all_reduce_mean(torch.stack([logged_loss, logged_norm]), run_device)  # waits for the GPU
             loss_avg, norm_avg = (sums / logged_steps).tolist()
-            common.check_finite(loss_avg, step, since=step - logged_steps)
-            common.check_finite(norm_avg, step, since=step - logged_steps, what="gradient norm")
+            common.check_finite(loss_avg, step - 1, first_step=step - logged_steps)
+            common.check_finite(norm_avg, step - 1, first_step=step - logged_steps, what="gradient norm")
             per_step = (time.time() - t_window) / logged_steps  # the first window holds the compilation
             logged_loss.zero_()
             logged_norm.zero_()

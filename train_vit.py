@@ -367,8 +367,8 @@ if __name__ == "__main__":
         if step % log_interval == 0 or step == max_iters or checkpointing:
             sums = common.all_reduce_mean(torch.stack([loss_sum, norm_sum]) / steps_in_log, run_device)
             loss_value, norm_value = sums.tolist()  # waits for the GPU
-            common.check_finite(loss_value, step, since=step - steps_in_log)
-            common.check_finite(norm_value, step, since=step - steps_in_log, what="gradient norm")
+            common.check_finite(loss_value, step - 1, first_step=step - steps_in_log)
+            common.check_finite(norm_value, step - 1, first_step=step - steps_in_log, what="gradient norm")
         if step % log_interval == 0 or step == max_iters:
             dt = time.time() - t_log
             speeds.append(img_count / dt)

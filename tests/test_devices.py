@@ -128,7 +128,7 @@ def test_gpt_float16_step_equals_the_unscaled_step_and_skips_an_overflow():
     assert norm == 0  # the scaler handled the overflow: nothing for the loop's check to stop on
     norm = train_gpt.optimizer_step(optimizers, torch.amp.GradScaler("cpu", enabled=False), model.parameters(), 1.0)
     with pytest.raises(FloatingPointError, match="non-finite gradient norm (inf|nan) in steps 3-5"):  # float32: no scaler
-        common.check_finite(norm, 5, since=2, what="gradient norm")  # the loop's check, at its next progress line
+        common.check_finite(norm, 5, first_step=3, what="gradient norm")  # the loop's check, at its next progress line
 
 
 @pytest.mark.slow

@@ -149,6 +149,40 @@ def test_clip_gradients_per_parameter():
     td.clip_gradients(torch.nn.ParameterList([a, b]), 1.0)
     assert a.grad.norm().item() == pytest.approx(1.0, rel=1e-5) and torch.equal(b.grad, torch.tensor([0.1, 0.0, 0.0]))
 
+
+def clip_gradients_one_by_one(model, clip):
+    """The reference: DINO's clip_gradients as a loop, one parameter at a time (train_dino.py's code before foreach)."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(torch.clamp(clip / (p.grad.norm() + 1e-6), max=1.0))
+
+
+def test_clip_gradients_equals_the_loop_over_parameters():
+    """A small DINO student with random gradients of norms from 0.01 to 100 around the clip of 1: the gradients under
+    the clip stay as they were, those above are scaled to norm 1, each as the one-parameter-at-a-time loop does it."""
+    torch.manual_seed(0)
+    cfg = make_config("vit-cpu", n_layer=2, n_embd=32, n_head=2, num_classes=0)
+    model = td.DINO(ViT(cfg), DINOHead(32, 64, 32, 16))
+    params = [p for p in model.parameters() if p.requires_grad]
+    for i, p in enumerate(params):
+        p.grad = torch.randn_like(p) * 10.0 ** (i % 5 - 2) / (p.numel() ** 0.5)  # norms near 0.01, 0.1, 1, 10, 100
+    before = [p.grad.clone() for p in params]
+    norms = torch.stack([g.norm() for g in before])
+    assert (norms < 0.5).sum() >= 5 and (norms > 2).sum() >= 5  # both sides of the clip
+    reference = [g.clone() for g in before]
+    for p, g in zip(params, reference):
+        p.grad = g
+    clip_gradients_one_by_one(model, 1.0)
+    for p, g in zip(params, before):
+        p.grad = g.clone()
+    td.clip_gradients(model, 1.0)
+    for p, g, want, norm in zip(params, before, reference, norms):
+        torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-9)
+        if norm < 1:  # under the clip: unchanged
+            assert torch.equal(p.grad, g)
+        else:
+            assert p.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+
 # ---- data order and augmentation
 
 
@@ -162,6 +196,23 @@ def test_batch_indices_split_an_epoch_between_processes():
     assert torch.equal(td.batch_indices(n, batch, 1, seed, 1, 2), epoch0[1][4:])  # recomputable: resume is exact
     assert not torch.equal(td.batch_indices(n, batch, 2, seed), td.batch_indices(n, batch, 0, seed))  # new epoch order
     assert not torch.equal(td.batch_indices(n, batch, 0, seed + 1), td.batch_indices(n, batch, 0, seed))
+
+
+def test_batches_in_memory_are_pinned_for_a_gpu(monkeypatch):
+    """On CUDA a non_blocking copy from pageable host memory waits for the GPU; from pinned memory it is queued like a
+    kernel. Without CUDA pin_memory cannot run: here it hands back a marked copy, and every batch must be one."""
+    pinned = []
+
+    def pin(tensor):
+        pinned.append(tensor.clone())
+        return pinned[-1]
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    x = torch.arange(40, dtype=torch.uint8).view(10, 1, 2, 2)
+    for pin_memory in (True, False):
+        batches = list(td.epoch_batches(x, None, 10, 4, step=0, seed=0, rank=0, world=1, pin_memory=pin_memory))
+        assert len(batches) == 2 and all(any(b is p for p in pinned) == pin_memory for b in batches)
+    assert len(pinned) == 2
 
 
 def test_multicrop_shapes_and_determinism():
@@ -363,6 +414,92 @@ def test_tiny_run_writes_result_log_and_checkpoint(tmp_path):
     backbone = common.load_model(ckpt)  # the teacher backbone, as analyze.py loads it
     assert backbone.config.num_classes == 0 and backbone.config.drop_path == 0.0 and backbone.config.patch_size == 7
     assert all(torch.equal(v, ckpt["teacher"]["backbone." + k]) for k, v in ckpt["model"].items())
+
+
+def training_step(frame):
+    """The `step` of train_dino.py run in this process (run_here) as frame runs, inside its call stack: None outside it
+    or before its training loop."""
+    while frame is not None and not (frame.f_code.co_filename == os.path.join(ROOT, SCRIPT)
+                                     and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    return None if frame is None else frame.f_globals.get("step")
+
+
+HOST_READS = ("item", "__bool__", "__float__", "__int__", "tolist")  # each one waits for the GPU's queued work
+
+
+def test_training_reads_values_on_the_host_only_at_progress_lines_and_evaluations(tmp_path, monkeypatch):
+    """A GPU step queues its kernels and runs on; a tensor's value read on the host (.item(), float(t), `if t`, ...)
+    waits for every one of them. Here 20 steps of a tiny run train in this process with progress lines every 5 steps
+    and evaluations every 8, and every such read that the repository's own code makes is counted with the training
+    step it came in (the script's `step` at that moment). Reads happen in the iterations that print a progress line
+    (steps 4, 9, ...: their teacher statistics, then the loss after `step` has counted them) and at evaluations, never
+    in between. data/augment.py reads numbers it draws on the CPU, which waits for nothing (it never reads a device
+    tensor: test_augmentation_never_waits_for_the_device); a CPU run cannot tell those apart, so they are left out."""
+    left_out = (os.path.join(ROOT, "tests") + os.sep, os.path.join(ROOT, "data", "augment.py"))
+    reads = []
+
+    def counted(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(tensor, *args):
+            caller = sys._getframe(1)
+            where = caller.f_code.co_filename
+            if where.startswith(ROOT + os.sep) and not where.startswith(left_out):
+                reads.append((training_step(caller), name, f"{os.path.relpath(where, ROOT)}:{caller.f_lineno}"))
+            return original(tensor, *args)
+        return read
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    run_here(SCRIPT, *TINY, "--dataset=synthetic", "--epochs=5", "--log_interval=5", "--eval_interval=8",
+             "--cpu_procs=1", f"--out_dir={tmp_path}")
+    monkeypatch.undo()
+    assert open(tmp_path / "result.txt").read().startswith("RESULT") and load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 20
+    end = 20
+    logs = {s for s in range(end) if (s + 1) % 5 == 0 or s + 1 == end}  # the iterations that print a progress line
+    evaluations = {s for s in range(end + 1) if s % 8 == 0 or s == end}
+    allowed = logs | {s + 1 for s in logs} | evaluations
+    in_training = [r for r in reads if r[0] is not None]
+    stray = [r for r in in_training if r[0] not in allowed]
+    assert not stray, f"host reads in steps that neither log nor evaluate: {stray[:10]} ({len(stray)} in all)"
+    assert {5, 8, 10, 15, 20} <= {r[0] for r in in_training}  # the counting sees the progress lines and evaluations
+
+
+def test_compiled_backbones_keep_one_static_graph_per_crop_size(tmp_path, monkeypatch):
+    """Two crop sizes a step (2 x 64 global crops of 28 px, 2 x 64 local ones of 14 px): with --compile_model=True the
+    student compiles one static graph for each, the teacher one for the global crops, all in step 0, and none after:
+    not in 8 steps over two epochs (4 steps each, 32 of the 288 images left out: no smaller last batch), nor for the
+    k-NN at steps 0, 3, 6 and 8 and the final linear and segmentation probes (56 px images), which read the uncompiled
+    backbone; none has symbolic sizes (the old code compiled the local crops' graph dynamic). torch.compile is given
+    a backend that records each graph (its image input, the step it came in) and runs it uncompiled: seconds. The
+    checkpoint's names carry no torch.compile prefix."""
+    from torch._dynamo.utils import counters
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        image = next(x for name, x in zip(names, example_inputs) if "img" in name)
+        symbolic = any(isinstance(x, torch.SymInt) for x in example_inputs) or any(
+            isinstance(d, torch.SymInt) for x in example_inputs if isinstance(x, torch.Tensor) for d in x.shape)
+        graphs.append((training_step(sys._getframe()), tuple(image.shape), symbolic))
+        return gm.forward
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: compile_(model, backend=recording_backend, **kwargs))
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        run_here(SCRIPT, *TINY, "--dataset=synthetic", "--train_subset=288", "--epochs=2", "--log_interval=2",
+                 "--eval_interval=3", "--seg_dataset=scenes", "--seg_train=40", "--seg_val=20", "--compile_model=True",
+                 "--cpu_procs=1", f"--out_dir={tmp_path}")
+        unique_graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert unique_graphs == len(graphs) == 3, graphs
+    assert sorted(graphs) == [(0, (128, 1, 14, 14), False), (0, (128, 1, 28, 28), False), (0, (128, 1, 28, 28), False)]
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert ckpt["step"] == 8 and not [k for key in ("model", "student", "teacher") for k in ckpt[key] if "_orig_mod" in k]
 
 
 @pytest.mark.slow
@@ -569,15 +706,42 @@ def test_augmentation_never_waits_for_the_device():
 
 
 @pytest.mark.slow
-def test_a_non_finite_loss_stops_the_run_before_its_next_checkpoint(tmp_path):
-    """A NaN loss stops the run in one line before the optimizer step that would spread it into the weights, and the
-    checkpoint of step 0 stays as it was (finite)."""
-    r = run(SCRIPT, *TINY, "--lr=1e38", "--log_interval=3", "--eval_interval=6", "--epochs=2", f"--out_dir={tmp_path}")
+@pytest.mark.parametrize("intervals", [["--log_interval=3", "--eval_interval=6"], ["--log_interval=100", "--eval_interval=3"]],
+                         ids=["at a progress line", "at a checkpoint between progress lines"])
+def test_a_non_finite_loss_stops_the_run_before_its_next_checkpoint(tmp_path, intervals):
+    """The loss is read on the host only at progress lines and checkpoints: a NaN loss stops the run in one line that
+    names the steps of the sum it spoilt, before any checkpoint holds their weights; the checkpoint of step 0 stays as
+    it was (finite). Progress lines every 3 steps find it there; every 100, the checkpoint of step 3 finds it."""
+    r = run(SCRIPT, *TINY, "--lr=1e38", *intervals, "--epochs=2", f"--out_dir={tmp_path}")
     assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert re.match(r"error: non-finite loss nan at step [1-5]: stopped before the optimizer step\. .*; the last "
-                    r"checkpoint is intact: continue with --resume", r.stderr), r.stderr
+    assert re.match(r"error: non-finite loss nan in steps (0-2|3-5): stopped before a checkpoint holds the weights of "
+                    r"these steps\. .*; the last checkpoint is intact: continue with --resume", r.stderr), r.stderr
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert ckpt["step"] == 0 and all(torch.isfinite(v).all() for v in ckpt["student"].values())
+
+
+def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
+    """Weights can turn non-finite in the last optimizer step before a checkpoint, whose loss has not been computed yet:
+    the optimizer step of step 1 here writes an inf into a weight, and the checkpoint of step 2 (losses of steps 0 and
+    1 finite) is not written; the one of step 0 stays."""
+    step = torch.optim.AdamW.step
+    calls = []
+
+    def spoiling_step(self, *args, **kwargs):
+        done = step(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:  # the optimizer step of step 1
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].view(-1)[0] = math.inf
+        return done
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spoiling_step)
+    with pytest.raises(FloatingPointError) as stopped:
+        run_here(SCRIPT, *TINY, "--dataset=synthetic", "--epochs=1", "--log_interval=100", "--eval_interval=2",
+                 "--cpu_procs=1", f"--out_dir={tmp_path}")
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert ckpt["step"] == 0 and all(torch.isfinite(v).all() for v in ckpt["student"].values())
+    assert str(stopped.value).startswith("non-finite weights after step 2: stopped before they are saved")
 
 
 @pytest.mark.slow

@@ -165,6 +165,11 @@ def test_check_finite_stops_on_nan():
     common.check_finite(torch.tensor(1.0), 3)
     with pytest.raises(FloatingPointError, match="non-finite loss nan at step 7"):
         common.check_finite(torch.tensor(float("nan")), 7)
+    common.check_finite(torch.tensor(2.0), 9, first_step=5)
+    with pytest.raises(FloatingPointError, match="non-finite loss inf in steps 5-9: stopped before a checkpoint holds"):
+        common.check_finite(torch.tensor(float("inf")), 9, first_step=5)  # a sum of losses, read now and then
+    with pytest.raises(FloatingPointError, match="non-finite loss nan at step 9: stopped before a checkpoint holds"):
+        common.check_finite(float("nan"), 9, first_step=9)
 
 
 
