@@ -115,12 +115,22 @@ def all_reduce_mean(x, device="cpu"):
 
 def amp_dtype(device, requested="auto"):
     """The dtype of --dtype on device. 'auto': bfloat16 where the GPU has bfloat16 tensor cores (capability 8.0 and up,
-    as nanochat decides); float16 with a gradient scaler below (a T4 emulates bfloat16, slowly); float32 on a CPU or MPS."""
-    if requested == "auto" and str(device).startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+    as nanochat decides); float16 with a gradient scaler below; float32 on a CPU or MPS. 'bfloat16' on a CUDA GPU below
+    8.0 (a T4, a V100) falls back to float16 with one line: such a GPU emulates bfloat16 several times slower, and a
+    recipe that names bfloat16 (written for an A100 or H100) should still train at the card's speed on Colab's T4."""
     if requested not in ("auto", "float32", "bfloat16", "float16"):
         raise UsageError(f"--dtype={requested!r}: choose auto, float32, bfloat16 or float16")
-    return torch.float32 if requested == "auto" else getattr(torch, requested)
+    if not str(device).startswith("cuda"):
+        return torch.float32 if requested == "auto" else getattr(torch, requested)
+    capability = torch.cuda.get_device_capability(device)
+    bfloat16_cores = capability >= (8, 0)
+    if requested == "auto":
+        return torch.bfloat16 if bfloat16_cores else torch.float16
+    if requested == "bfloat16" and not bfloat16_cores:
+        print0(f"--dtype=bfloat16: this GPU (compute capability {capability[0]}.{capability[1]}) has no bfloat16 tensor "
+               f"cores and would emulate it slowly; training in float16 with a gradient scaler instead")
+        return torch.float16
+    return getattr(torch, requested)
 
 def autocast(device, dtype):
     """(context, dtype) of --dtype (amp_dtype). float16 needs a torch.amp.GradScaler, enabled=dtype == torch.float16."""

@@ -45,7 +45,8 @@ weight_decay = 0.04  # dino
 weight_decay_end = 0.4  # dino
 grad_clip = 3.0  # dino: clip_grad
 freeze_last_layer = 1  # dino
-dtype = "bfloat16"  # ours: DINO trains in float16 with a loss scaler (use_fp16); bfloat16 needs none
+dtype = "auto"  # ours: bfloat16 from compute capability 8.0, which needs no loss scaler; float16 with one below
+#                 (DINO trains in float16 with a loss scaler, use_fp16)
 eval_interval = 5000  # ours
 log_interval = 50  # ours
 eval_train = 20000  # ours: k-NN bank and linear probe on a subset (DINO: all 1.28M images)

@@ -22,7 +22,14 @@ exit status 2):
             T = 1024 with a GPT-2-sized vocabulary; config/vit_cifar10.py's DeiT-III recipe on ViT-S/16 at 224 px (6 of 6
             Laplacian), both compiled as their recipes; config/dino_vits16_imagenet.py's ViT-S/16 (3 of 6 Laplacian,
             2 global crops of 224 px and 8 local ones of 96 px), eager as that recipe. Rows: steps/s, images or tokens/s,
-            MFU, compile and warm-up time (training and evaluation graphs; DINO's is warm-up and k-NN), peak memory
+            MFU, compile and warm-up time (training and evaluation graphs; DINO's is warm-up and k-NN), peak memory;
+            and the loop's efficiency: the training step's ms (from the progress lines' rate) over the ms its networks
+            alone take for one step, measured in the run's process once the script has ended (the CUDA context warm,
+            Inductor's cache holding the graphs): the same model config, batch, dtype and compile, built afresh
+            from the run's checkpoint, forward and backward on random inputs (DINO: the teacher's forward on the
+            global crops too), the median of 3 rounds of 3 passes. 1.00 = the step costs no more than its model;
+            the rest is the loop's (data, augmentation, loss, optimizer, EMA, launch gaps). Measured, not derived from
+            MFU: the cost part's sizes and batches differ from the recipes'
   default   the CPU default ViT recipe to the end, in float32 (TF32 matmuls) as the CPU seeds ran (one process of
             batch 256: the global batch of the CPU default's 2 x 128); its accuracy must lie within their spread
   torchrun  train_gpt.py (and with 2 GPUs train_vit.py) under torchrun with 1 process (2 where there are 2 GPUs):
@@ -51,6 +58,11 @@ ends. Should the command itself outlive its deadline by GRACE seconds (a part in
 watchdog dumps every stack, kills every run and exits in one line: deadline + GRACE + its DUMP_WAIT stay within the
 300 seconds a GPU lease allows a command.
 
+The loop of any one run (the README's gpt-small line, say), outside the plan: the scripts part's child process,
+    python tests/gpu_check.py --run_script=train_gpt.py --model_passes=True --colour=0 --preset=gpt-small ...
+ends with `gpu_check model_fwd_bwd_ms=M passes=1`; the step's ms is 1000 x its tokens (or images) per step / the
+progress lines' tok/s (img/s), and its loop efficiency that over M.
+
 Data: the scripts train on generated data (32x32 colour images made by this file, resized on the device; a token
 set of 8-token words over GPT-2's vocabulary size, written to out_dir/data). `default` reads Fashion-MNIST's four
 .gz files from data/fashion_mnist or the Debian package's folder, checked at the start (missing: a failed row).
@@ -58,6 +70,7 @@ set of 8-token words over GPT-2's vocabulary size, written to out_dir/data). `de
 
 import atexit
 import faulthandler
+import gc
 import itertools
 import json
 import math
@@ -70,6 +83,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
 from functools import partial
@@ -85,7 +99,7 @@ from common import peak_flops, write_result  # noqa: E402
 from configurator import configure  # noqa: E402
 from conftest import float32_matmuls, parse_result, randomise  # noqa: E402
 from data import images  # noqa: E402
-from nanolap import DINOHead, build_model, make_config  # noqa: E402
+from nanolap import Config, DINOHead, build_model, make_config  # noqa: E402
 
 only = "all"  # comma-separated parts, run in the order given: equal,tests,torchrun,cost,scripts,default (all = these)
 rounds = 7  # cost: interleaved rounds; the median ratio is reported
@@ -117,9 +131,13 @@ ESTIMATE = {
     "torchrun vit": 30,
     "default": 70,  # 4,212 eager steps of a 0.2M-parameter ViT (kernel launches, ~10 ms a step) and 18 evaluations
     "cost": 30,  # the least cost needs: start-up and the eager timings; its compiles take what is left
-    "scripts gpt": 95,  # start-up 10, compiles 50 (training) + 25 (evaluation), a 1.6 GB checkpoint and 2 evaluations 10
-    "scripts vit": 80,  # start-up and generated images 12, compiles 45 + 20, evaluations and checkpoints 3
-    "scripts dino": 25,  # start-up 10, first steps 5 (eager: no compile), k-NN twice and a 100-step linear probe 10
+    # each script run ends with its model's passes alone (print_model_passes): a compiled model traced again with its
+    # graphs from Inductor's cache (a d12 GPT's took 2-3 s so in the H200's second cost command), then 11 passes
+    "scripts gpt": 102,  # start-up 10, compiles 50 (training) + 25 (evaluation), a 1.6 GB checkpoint and 2 evaluations
+    #                      10; model passes 7
+    "scripts vit": 87,  # start-up and generated images 12, compiles 45 + 20, evaluations and checkpoints 3; model passes 7
+    "scripts dino": 28,  # start-up 10, first steps 5 (eager: no compile), k-NN twice and a 100-step linear probe 10;
+    #                      model passes 3 (11 of at most a step's 0.23 s on the H200, eager)
 }
 COMPILE_ESTIMATE = {"gpt": 50, "vit": 45}  # cost: one cold whole-model compile, forward and backward
 # to plan training steps from their FLOPs until --measured has their step time (the H200 reached 16-22% compiled, 6.6%
@@ -769,10 +787,11 @@ def print_run_facts():
         print(f"gpu_check peak_memory_gib={torch.cuda.max_memory_allocated() / 2**30:.2f}", flush=True)
 
 
-def run_script_here(script, argv, colour=0):
+def run_script_here(script, argv, colour=0, model_passes=False):
     """The child of a timed run: `python script argv` in this process, then print_run_facts. colour > 0:
-    --dataset=synthetic means `colour` generated 32x32 colour images (colour_images). SIGUSR1 dumps every thread's
-    stack: the parent sends it before it kills a run that outlived its time."""
+    --dataset=synthetic means `colour` generated 32x32 colour images (colour_images). model_passes: then, once the
+    script has ended, its model's passes alone (print_model_passes). SIGUSR1 dumps every thread's stack: the parent
+    sends it before it kills a run that outlived its time."""
     from data import images
     load_images = images.load_images
 
@@ -785,6 +804,114 @@ def run_script_here(script, argv, colour=0):
     atexit.register(print_run_facts)
     sys.argv = [script, *argv]
     runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    if model_passes:
+        print_run_facts()  # the script's own peak memory and graphs, before the passes add theirs
+        atexit.unregister(print_run_facts)
+        out = next(a.split("=", 1)[1] for a in reversed(argv) if a.startswith("--out_dir="))
+        print_model_passes(os.path.join(ROOT, out))
+
+
+# ---- scripts: the loop against its model ---------------------------------------
+MODEL_ROUNDS = 3  # timed rounds of a finished run's model passes: the median round counts
+MODEL_REPEATS = 3  # passes per round
+MODEL_MARK = "gpu_check model_fwd_bwd_ms="  # the line of print_model_passes
+
+
+def model_passes(ckpt, device):
+    """(one pass, passes per training step) of a finished run's networks, built afresh from its checkpoint (kind,
+    model_config, config: the contract analyze.py reads) at the run's sizes, compiled where the run compiled (as its
+    script compiles: the whole GPT or ViT, DINO's backbones). One pass is what a training step asks of the networks
+    alone, on random inputs of the run's shapes, with a loss that costs next to nothing (a mean square): for the GPT
+    and the ViT one micro-batch forward and backward (a step takes its gradient accumulation's count of them); for DINO
+    the teacher's forward on the 2 global crops and the student's, backbone and head, forward and backward on every
+    crop. Left out, and so in the loop's share: data, augmentation, the real loss, clipping, the optimizer, DINO's EMA
+    and centre, logging."""
+    config = ckpt["config"]
+    cfg = Config(**ckpt["model_config"])
+    batch = config["batch_size"]
+    compile_model = config.get("compile_model", False)
+    if ckpt["kind"] == "dino":
+        return dino_pass(cfg, config, device), 1
+    model = build_model(cfg).to(device).train()
+    model = torch.compile(model) if compile_model else model
+    if ckpt["kind"] == "gpt":
+        tokens = batch * config["block_size"]
+        x = torch.randint(0, cfg.vocab_size, (batch, config["block_size"]), device=device)
+        return partial(train_step, model, x), (config["total_batch_size"] or tokens) // tokens
+    x = torch.randn(batch, cfg.in_chans, cfg.img_size, cfg.img_size, device=device)
+    return partial(train_step, model, x), config["grad_accum"]
+
+
+def dino_pass(teacher_cfg, config, device):
+    """DINO's pass (model_passes): the teacher's forward on the global crops, the student's forward and backward on
+    all of them (train_dino.py's DINO wrapper: each crop size through the backbone as one batch, one head call)."""
+    student_cfg = replace(teacher_cfg, drop_path=config["drop_path"])  # the checkpoint holds the teacher's config
+    head_sizes = (teacher_cfg.n_embd, config["out_dim"], config["head_hidden"], config["head_bottleneck"])
+    nets = {}
+    for name, cfg in (("student", student_cfg), ("teacher", teacher_cfg)):
+        backbone = build_model(cfg).to(device)
+        backbone = torch.compile(backbone) if config.get("compile_model", False) else backbone
+        nets[name] = (backbone, DINOHead(*head_sizes, norm_last_layer=config["norm_last_layer"]).to(device))
+    (student, student_head), (teacher, teacher_head) = nets["student"], nets["teacher"]
+    teacher.eval()
+    batch = config["batch_size"]
+    crops = [torch.randn(2 * batch, teacher_cfg.in_chans, teacher_cfg.img_size, teacher_cfg.img_size, device=device)]
+    if config["local_crops"]:
+        side = config["local_size"]
+        crops.append(torch.randn(config["local_crops"] * batch, teacher_cfg.in_chans, side, side, device=device))
+
+    def one_pass():
+        student_head.zero_grad(set_to_none=True)
+        student.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            teacher_head(teacher(crops[0]))
+        out = student_head(torch.cat([student(x) for x in crops]))
+        out.float().square().mean().backward()
+
+    return one_pass
+
+
+def pass_seconds(one_pass, amp, rounds=MODEL_ROUNDS, repeats=MODEL_REPEATS):
+    """Seconds of one pass: the median over rounds of `repeats` passes each, after two untimed ones (the first
+    compiles a compiled model; the second meets a warm allocator)."""
+    cuda = torch.cuda.is_available()
+    for _ in range(2):
+        with amp:
+            one_pass()
+    times = []
+    for _ in range(rounds):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            with amp:
+                one_pass()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / repeats)
+    return statistics.median(times)
+
+
+def print_model_passes(out_dir):
+    """After a script run, in its process: the milliseconds its networks alone take for one training step
+    (model_passes), in the run's dtype, as MODEL_MARK's line. The run's own graphs are dropped first (their memory;
+    Inductor's cache on disk still serves these models' graphs). An error here prints its traceback and one line, and
+    leaves the run's exit status alone: its rows stand, the loop row says why it has no number."""
+    try:
+        ckpt = torch.load(os.path.join(out_dir, common.CHECKPOINT), map_location="cpu", mmap=True, weights_only=True)
+        device = common.resolve_device(ckpt["config"]["device"])
+        amp, _ = common.autocast(device, ckpt["config"]["dtype"])
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        one_pass, passes = model_passes(ckpt, device)
+        print(f"{MODEL_MARK}{1e3 * passes * pass_seconds(one_pass, amp):.2f} passes={passes}", flush=True)
+    except Exception as e:  # noqa: BLE001 (a failed measurement must not hide the run's rows)
+        traceback.print_exc()
+        print(f"gpu_check model_fwd_bwd_error={type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}",
+              flush=True)
 
 
 def training_flops_per_token(cfg, T):
@@ -843,9 +970,10 @@ def script_runs(device="cuda", out="out-gpu-check", free_gib=None, capability=No
     }
 
 
-def timed_command(script, options, colour=0):
+def timed_command(script, options, colour=0, model_passes=False):
     """The command of a timed run: this file runs the script in a child process (run_script_here)."""
-    return [sys.executable, os.path.abspath(__file__), f"--run_script={script}", f"--colour={colour}", *options]
+    return [sys.executable, os.path.abspath(__file__), f"--run_script={script}", f"--model_passes={model_passes}",
+            f"--colour={colour}", *options]
 
 
 def progress(lines):
@@ -903,8 +1031,9 @@ def failed_run(part, name, code, lines, limit=None, item=None):
 
 def script_rows(name, per_step, unit, flops_per_step, peak, code, lines, limit=None, item=None):
     """The rows of one timed run from its output: RESULT with finite losses (or why there is none); steps/s, images or
-    tokens/s and MFU; compile and warm-up time, peak GPU memory and the graphs from Inductor's cache. A run killed at
-    its limit keeps the rows its lines allow. item: the plan's name of the run, whose seconds go to --measured."""
+    tokens/s and MFU; compile and warm-up time, peak GPU memory and the graphs from Inductor's cache; the step's time
+    over its model's (loop_row). A run killed at its limit keeps the rows its lines allow. item: the plan's name of
+    the run, whose seconds go to --measured."""
     failed = failed_run("scripts", name, code, lines, limit, item)
     if failed and code is not None:
         return [failed]
@@ -928,7 +1057,30 @@ def script_rows(name, per_step, unit, flops_per_step, peak, code, lines, limit=N
     return [first,
             row("scripts", f"{name}: steps/s | {unit}/s | mfu", speed, "", rate is not None or failed is not None,
                 f"{name.split()[0]}_{unit}_per_s", f"{rate * per_step:.0f}" if rate else "none", measured=measured),
-            row("scripts", f"{name}: compile+warm-up s | peak GiB" + (" | graphs from cache" if cache else ""), setup)]
+            row("scripts", f"{name}: compile+warm-up s | peak GiB" + (" | graphs from cache" if cache else ""), setup),
+            loop_row(name, rate, lines, killed=code is None)]
+
+
+def model_milliseconds(lines):
+    """(milliseconds of a step's model passes, or None; print_model_passes' error, or None) of a run's output."""
+    found = [re.match(re.escape(MODEL_MARK) + r"([\d.]+) ", text) for _, text in lines]
+    error = next((text.split("=", 1)[1] for _, text in lines if text.startswith("gpu_check model_fwd_bwd_error=")), None)
+    return next((float(m.group(1)) for m in reversed(found) if m), None), error
+
+
+def loop_row(name, rate, lines, killed=False):
+    """The loop's efficiency: the training step's milliseconds (timing's steps/s, between progress lines) over the
+    milliseconds its networks alone take for that step (print_model_passes, in the same process after the run).
+    1.0: the step costs no more than its model; the excess is the loop's (data, augmentation, loss, optimizer, EMA,
+    logging, launch gaps between them). A killed run has no number and no failure of its own here."""
+    model_ms, error = model_milliseconds(lines)
+    check = f"{name}: step ms | model fwd+bwd ms | step / model"
+    if rate and model_ms:
+        step_ms = 1e3 / rate
+        return row("scripts", check, f"{step_ms:.1f} | {model_ms:.1f} | {step_ms / model_ms:.2f}", "", True,
+                   f"{name.split()[0]}_step_over_model", f"{step_ms / model_ms:.2f}")
+    why = error or ("no steps/s" if not rate else "the run ended before its model passes")
+    return row("scripts", check, f"not measured: {why}", "", killed and error is None)
 
 
 def missing_data(name):
@@ -970,7 +1122,7 @@ def part_scripts(device="cuda", out="out-gpu-check", until=None, free_gib=None, 
         label, (script, options, colour, per_step, unit, flops_per_step, _) = next(
             (label, run) for label, run in runs.items() if run[0] == f"train_{kind}.py")
         log = os.path.join(out, f"scripts-{kind}.log")
-        code, lines = run_command(timed_command(script, options, colour), limit, log=log)
+        code, lines = run_command(timed_command(script, options, colour, model_passes=True), limit, log=log)
         rows += script_rows(label, per_step, unit, flops_per_step, peak, code, lines, limit, item.name)
     return rows
 
@@ -1015,11 +1167,12 @@ def torchrun_commands(nprocs, out="out-gpu-check"):
     stack before it is killed."""
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}",
               os.path.abspath(__file__)]
-    vit = ["--run_script=train_vit.py", "--colour=0", "--dataset=synthetic", "--train_subset=1024", "--val_subset=256",
-           "--batch_size=64", "--epochs=1", "--log_interval=4", f"--out_dir={out}/torchrun-vit"]
-    gpt = ["--run_script=train_gpt.py", "--colour=0", "--preset=gpt-tiny", f"--dataset={TOKENS}",
-           f"--data_dir={out}/data", "--max_iters=20", "--eval_interval=20", "--eval_iters=2", "--log_interval=5",
-           "--max_new_tokens=0", f"--out_dir={out}/torchrun-gpt"]
+    vit = ["--run_script=train_vit.py", "--model_passes=False", "--colour=0", "--dataset=synthetic",
+           "--train_subset=1024", "--val_subset=256", "--batch_size=64", "--epochs=1", "--log_interval=4",
+           f"--out_dir={out}/torchrun-vit"]
+    gpt = ["--run_script=train_gpt.py", "--model_passes=False", "--colour=0", "--preset=gpt-tiny",
+           f"--dataset={TOKENS}", f"--data_dir={out}/data", "--max_iters=20", "--eval_interval=20", "--eval_iters=2",
+           "--log_interval=5", "--max_new_tokens=0", f"--out_dir={out}/torchrun-gpt"]
     return {"vit": launch + vit, "gpt": launch + gpt}
 
 
@@ -1204,8 +1357,9 @@ def main(parts, out, seconds=None, runners=None, gpu=None, start=None, items=Non
     return result["failed"]
 
 
-if __name__ == "__main__" and sys.argv[1:2] and sys.argv[1].startswith("--run_script="):
-    run_script_here(sys.argv[1].split("=", 1)[1], sys.argv[3:], int(sys.argv[2].split("=", 1)[1]))
+if __name__ == "__main__" and sys.argv[1:2] and sys.argv[1].startswith("--run_script="):  # timed_command's order
+    run_script_here(sys.argv[1].split("=", 1)[1], sys.argv[4:], int(sys.argv[3].split("=", 1)[1]),
+                    sys.argv[2] == "--model_passes=True")
 elif __name__ == "__main__" and sys.argv[1:2] and sys.argv[1].startswith("--cost_run="):
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent's signal before a kill: stacks, not silence
     cost_run(json.loads(sys.argv[1].split("=", 1)[1]))

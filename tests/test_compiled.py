@@ -50,8 +50,9 @@ TINY = {
 
 def script_commands(tmp, data_dir):
     """name -> command of every script run, all of them on the CPU. The compiled runs are gpu_check.py's own
-    runs (its options, its child process, its colour images) with the tiny sizes on top, in float32; the bfloat16
-    runs of the ViT and the GPT are gpu_check.py's default-recipe and torchrun commands."""
+    runs (its options, its child process, its colour images, its model passes after the run) with the tiny sizes on
+    top, in float32; the bfloat16 runs of the ViT and the GPT are gpu_check.py's default-recipe and torchrun
+    commands."""
     data = [f"--data_dir={data_dir}"]
     commands = {}
     for name, (script, options, colour, *_) in gpu_check.script_runs("cpu", str(tmp)).items():
@@ -61,7 +62,9 @@ def script_commands(tmp, data_dir):
             extra += ["--img_size=32", "--patch_size=8"]
         if kind == "dino":  # two crop sizes, compiled: the compiled backbone sees both
             extra += ["--global_size=28", "--patch_size=7", "--local_crops=2", "--local_size=14", "--compile_model=True"]
-        commands[f"compiled {kind}"] = gpu_check.timed_command(script, options + extra, colour and 256)
+        if kind == "gpt":  # one process, as on a GPU: the model passes follow the run in its own process
+            extra += ["--cpu_procs=1"]
+        commands[f"compiled {kind}"] = gpu_check.timed_command(script, options + extra, colour and 256, model_passes=True)
     bf16 = ["--dtype=bfloat16"]
     commands["bfloat16 vit"] = gpu_check.default_command("cpu", str(tmp)) + TINY["vit"] + bf16
     commands["bfloat16 gpt"] = gpu_check.torchrun_commands(1, str(tmp))["gpt"] + TINY["gpt"] + data + bf16
@@ -120,7 +123,9 @@ def test_each_script_compiled_on_the_cpu_through_gpu_checks_run_set_up(script_ru
     assert losses(lines) and all(map(math.isfinite, losses(lines)))
     assert len(gpu_check.progress(lines)) >= 3 and gpu_check.peak_memory(lines) is None  # no CUDA: no memory line
     rows = gpu_check.script_rows(f"{kind} tiny", 32, "img", 1e9, None, code, lines)  # gpu_check's rows of this run
-    assert [r["ok"] for r in rows] == [True] * 3 and rows[1]["value"].endswith("| -")  # no peak FLOP/s: no MFU
+    assert [r["ok"] for r in rows] == [True] * 4 and rows[1]["value"].endswith("| -")  # no peak FLOP/s: no MFU
+    step_ms, model_ms, ratio = map(float, rows[3]["value"].split(" | "))  # the model's passes, compiled, after the run
+    assert model_ms > 0 and ratio == pytest.approx(step_ms / model_ms, abs=0.01) and "passes=1" in lines[-1][1]
     rate, compile_s = gpu_check.timing(lines)
     assert rate > 0 and compile_s is not None
     if kind == "vit":  # gpu_check's colour images reached the script, and config/vit_cifar10.py's recipe ran

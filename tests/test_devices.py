@@ -1,9 +1,12 @@
 """The machines students train on, tested on the CPU with the GPU faked: --dtype=auto per device (a T4 gets float16
-with a gradient scaler, an A100 or newer bfloat16, a CPU or a Mac float32) and MFU against that dtype's peak;
+with a gradient scaler, an A100 or newer bfloat16, a CPU or a Mac float32; --dtype=bfloat16 on a T4 falls back to
+float16 in one line; every config/ recipe leaves dtype auto) and MFU against that dtype's peak;
 train_gpt.py's float16 step (AdamW and Muon: unscale each, clip, step each, one scaler update); out of memory,
 a missing Triton and processes that cannot start, each in one line, while an error in the code (out of memory too)
 keeps its traceback; the Windows environment of gloo."""
 
+import ast
+import glob
 import importlib.util
 import os
 import runpy
@@ -58,6 +61,45 @@ def test_bfloat16_on_a_gpu_without_bfloat16_tensor_cores_has_no_peak(monkeypatch
     fake_gpu(monkeypatch, "Tesla T4", (7, 5))
     assert common.peak_flops("cuda", dtype=torch.bfloat16) is None  # emulated: no MFU rather than a wrong one
     assert common.peak_flops("cuda", name="NVIDIA L4", dtype=torch.bfloat16) == 121e12
+
+
+def fake_cuda(monkeypatch, capability):
+    """A CUDA GPU of this capability as common and torch.autocast see it (autocast checks bfloat16 support itself)."""
+    fake_gpu(monkeypatch, "a faked GPU", capability)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+
+
+def test_bfloat16_below_compute_capability_8_falls_back_to_float16_in_one_line(monkeypatch, capsys):
+    fake_cuda(monkeypatch, (7, 5))  # a T4
+    context, dtype = common.autocast("cuda", "bfloat16")
+    assert dtype == torch.float16 and context.fast_dtype == torch.float16  # so the scripts' GradScaler is enabled
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["--dtype=bfloat16: this GPU (compute capability 7.5) has no bfloat16 tensor cores and would "
+                     "emulate it slowly; training in float16 with a gradient scaler instead"]
+    assert common.autocast("cuda:0", "auto")[1] == torch.float16 and capsys.readouterr().out == ""  # auto: no line
+    assert common.amp_dtype("cuda", "float32") == torch.float32 and common.amp_dtype("cuda", "float16") == torch.float16
+    monkeypatch.setenv("RANK", "1")  # under torchrun only the first process says it
+    assert common.amp_dtype("cuda", "bfloat16") == torch.float16 and capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (9, 0)])
+def test_bfloat16_stays_from_compute_capability_8(monkeypatch, capsys, capability):
+    fake_cuda(monkeypatch, capability)
+    context, dtype = common.autocast("cuda", "bfloat16")
+    assert dtype == torch.bfloat16 and context.fast_dtype == torch.bfloat16 and capsys.readouterr().out == ""
+    assert common.autocast("cuda", "auto")[1] == torch.bfloat16
+    assert common.amp_dtype("cpu", "bfloat16") == torch.bfloat16  # CPU autocast keeps what it is asked for
+
+
+def test_every_config_leaves_dtype_auto():
+    """A recipe that hard-set bfloat16 would have emulated it on a T4; 'auto' (or no dtype) picks the card's own."""
+    configs = sorted(glob.glob(os.path.join(ROOT, "config", "*.py")))
+    assert len(configs) >= 6
+    for path in configs:
+        tree = ast.parse(open(path).read())  # `key = value` lines of literals, parsed as configurator.py parses them
+        values = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)}
+        assert "n_lap" in values and values.get("dtype", "auto") == "auto", path
 
 
 @pytest.mark.parametrize("auto, newton_schulz", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),

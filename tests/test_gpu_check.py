@@ -4,6 +4,7 @@ disk at once, a killed run keeps its lines and says whether it was compiling, a 
 process it started, the runs pass only options their scripts have, and a machine without CUDA gets one line. The
 parts that need a model or a script are in test_compiled.py (slow tier)."""
 
+import dataclasses
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import common
 import gpu_check
 from conftest import ENV, ROOT
 from gpu_check import Item
-from nanolap import make_config
+from nanolap import build_model, make_config
 
 pytestmark = pytest.mark.slow  # the GPU's checks, planned and faked on the CPU
 
@@ -409,3 +410,89 @@ def test_compile_time_counts_both_graphs_and_leaves_out_the_step_0_evaluation():
            (63.0, "eval epoch 2: val_acc 0.6 (5.0s)")]
     rate, compile_s = gpu_check.timing(vit)
     assert rate == 10.0 and compile_s == pytest.approx((30 - 0 - 1) + (25 - 5))
+
+
+# ---- the loop against its model -------------------------------------------------
+def run_lines(model_line=None):
+    """A finished run's output, timed: 10 steps between progress lines a second apart (10 steps/s: 100 ms a step)."""
+    lines = [(0.0, "batch: 32,768 tokens per step"), (5.0, "step 10/30 | loss 3.1 | 1 tok/s"),
+             (6.0, "step 20/30 | loss 3.0 | 1 tok/s"), (7.0, "step 30/30 | loss 2.9 | 1 tok/s"),
+             (8.0, "RESULT steps=30 val_bpb=1.9")]
+    return lines + ([(9.0, model_line)] if model_line else [])
+
+
+def test_the_loop_row_divides_the_step_by_its_model_passes():
+    rows = gpu_check.script_rows("gpt d12", 32768, "tok", 1e12, None, 0, run_lines("gpu_check model_fwd_bwd_ms=40.00 "
+                                                                                      "passes=1"))
+    loop = rows[-1]
+    assert loop["check"] == "gpt d12: step ms | model fwd+bwd ms | step / model" and loop["ok"]
+    assert loop["value"] == "100.0 | 40.0 | 2.50" and (loop["key"], loop["number"]) == ("gpt_step_over_model", "2.50")
+    rows = gpu_check.script_rows("gpt d12", 32768, "tok", 1e12, None, 0, run_lines(
+        "gpu_check model_fwd_bwd_error=OutOfMemoryError: CUDA out of memory"))
+    assert not rows[-1]["ok"] and rows[-1]["value"] == "not measured: OutOfMemoryError: CUDA out of memory"
+    assert all(r["ok"] for r in rows[:-1]) and rows[1]["value"] == "10.00 | 327,680 | -"  # the run's own rows stand
+    missing = gpu_check.loop_row("gpt d12", 10.0, run_lines())  # the run ended, and no passes followed
+    assert not missing["ok"] and "not measured" in missing["value"]
+    killed = gpu_check.loop_row("gpt d12", 10.0, run_lines(), killed=True)  # its failure is the killed row's
+    assert killed["ok"] and killed["key"] is None
+
+
+def tiny_checkpoint(kind, **config):
+    """A checkpoint as the scripts write it (kind, model_config, config), of a small model."""
+    if kind == "gpt":
+        cfg = make_config("gpt-tiny", n_layer=2, n_embd=32, n_head=2, n_lap=[1, 2], vocab_size=64, block_size=16)
+        options = dict(batch_size=3, block_size=16, total_batch_size=0)
+    else:
+        cfg = make_config("vit-tiny", n_layer=2, n_embd=32, n_head=2, n_lap=[0, 2], num_classes=0 if kind == "dino" else 10,
+                          img_size=28, patch_size=7, in_chans=3)
+        options = dict(batch_size=3, grad_accum=1) if kind == "vit" else dict(
+            batch_size=3, drop_path=0.1, out_dim=48, head_hidden=24, head_bottleneck=8, norm_last_layer=True,
+            local_crops=2, local_size=14)
+    return dict(kind=kind, model_config=dataclasses.asdict(cfg),
+                config=dict(device="cpu", dtype="float32", compile_model=False, **{**options, **config}))
+
+
+@pytest.mark.parametrize("kind, options, shape, passes", [
+    ("gpt", {}, (3, 16), 1), ("gpt", dict(total_batch_size=4 * 3 * 16), (3, 16), 4),  # 4 micro-steps a step
+    ("vit", {}, (3, 3, 28, 28), 1), ("vit", dict(grad_accum=2), (3, 3, 28, 28), 2)])
+def test_model_passes_are_one_micro_batch_forward_and_backward_of_the_runs_model(kind, options, shape, passes):
+    one_pass, count = gpu_check.model_passes(tiny_checkpoint(kind, **options), "cpu")
+    model, x = one_pass.args
+    assert count == passes and tuple(x.shape) == shape and model.training
+    one_pass()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_dino_passes_are_the_teachers_forward_on_global_crops_and_the_students_on_all(monkeypatch):
+    """As train_dino.py's step: the teacher (no drop path) sees the 2 x B global crops without gradients; the student
+    (drop path 0.1) sees them and the 2 x B local ones, and its backbone and head get gradients."""
+    built = []
+    seen = []
+
+    def recording_build_model(cfg):
+        model = build_model(cfg)
+        model.register_forward_pre_hook(lambda m, args: seen.append((m, tuple(args[0].shape), torch.is_grad_enabled())))
+        built.append(model)
+        return model
+
+    monkeypatch.setattr(gpu_check, "build_model", recording_build_model)
+    one_pass, passes = gpu_check.model_passes(tiny_checkpoint("dino"), "cpu")
+    one_pass()
+    student, teacher = built
+    assert passes == 1 and student.config.drop_path == 0.1 and teacher.config.drop_path == 0.0
+    assert seen == [(teacher, (6, 3, 28, 28), False), (student, (6, 3, 28, 28), True), (student, (6, 3, 14, 14), True)]
+    assert all(p.grad is not None for p in student.parameters()) and all(p.grad is None for p in teacher.parameters())
+
+
+def test_a_finished_runs_model_passes_print_their_milliseconds_or_why_not(tmp_path, capsys):
+    torch.save(tiny_checkpoint("gpt", total_batch_size=2 * 3 * 16), tmp_path / common.CHECKPOINT)
+    gpu_check.print_model_passes(str(tmp_path))
+    out = capsys.readouterr().out
+    lines = [(0.0, text) for text in out.splitlines()]
+    milliseconds, error = gpu_check.model_milliseconds(lines)
+    assert error is None and milliseconds > 0 and out.endswith(" passes=2\n")
+    gpu_check.print_model_passes(str(tmp_path / "none"))  # no checkpoint: a traceback and one line, no exception
+    captured = capsys.readouterr()
+    assert gpu_check.model_milliseconds([(0.0, text) for text in captured.out.splitlines()]) == (
+        None, f"FileNotFoundError: [Errno 2] No such file or directory: '{tmp_path / 'none' / common.CHECKPOINT}'")
+    assert "Traceback" in captured.err
