@@ -95,10 +95,14 @@ def teardown_distributed():
     dist.barrier()
     dist.destroy_process_group()
     if int(os.environ.get("RANK", 0)) > 0:
-        atexit._run_exitfuncs()  # what Python's exit would do, but the finalisation
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        exit_unfinalised(0)
+
+def exit_unfinalised(status):
+    """End this process as Python's exit would, but without the finalisation in which gloo's threads may abort it."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 def print0(*args):
     """print on the first process only (torchrun's RANK 0, as nanochat decides), as one write: lines never interleave."""
@@ -351,3 +355,5 @@ def report_error(kind, error, tb, out_dir=None, aside=None, oom_advice=""):
         message = f"out of memory {oom_advice}" if out_of_memory and oom_advice else None
     if message and int(os.environ.get("RANK", 0)) == 0:
         print(message, file=sys.__stderr__, flush=True)  # a process group prefixes sys.stderr's lines with the rank
+    if dist.is_initialized():  # Ctrl-C or an error in a process group: its threads would abort 2 of 12 Ctrl-C'd runs
+        exit_unfinalised(1)

@@ -125,7 +125,8 @@ def test_each_script_compiled_on_the_cpu_through_gpu_checks_run_set_up(script_ru
     rows = gpu_check.script_rows(f"{kind} tiny", 32, "img", 1e9, None, code, lines)  # gpu_check's rows of this run
     assert [r["ok"] for r in rows] == [True] * 4 and rows[1]["value"].endswith("| -")  # no peak FLOP/s: no MFU
     step_ms, model_ms, ratio = map(float, rows[3]["value"].split(" | "))  # the model's passes, compiled, after the run
-    assert model_ms > 0 and ratio == pytest.approx(step_ms / model_ms, abs=0.01) and "passes=1" in lines[-1][1]
+    assert model_ms > 0 and "passes=1" in lines[-1][1]  # the ratio of the unrounded times: within the rounding of all 3
+    assert (step_ms - 0.05) / (model_ms + 0.05) - 0.005 <= ratio <= (step_ms + 0.05) / (model_ms - 0.05) + 0.005
     rate, compile_s = gpu_check.timing(lines)
     assert rate > 0 and compile_s is not None
     if kind == "vit":  # gpu_check's colour images reached the script, and config/vit_cifar10.py's recipe ran
