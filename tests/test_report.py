@@ -276,6 +276,12 @@ def test_verdict_rows_from_run_folders(tmp_path):
     assert "six_vit_default" not in "".join(verdict.oversmoothing_lines(primary))
     cases = {("lowers", "helps"): "holds", ("raises", "helps"): "contradicted", ("undecided", "hurts"): "contradicted",
              ("lowers", "no difference larger than 0.005"): "smoother without a gain", ("lowers", "undecided"): "undecided"}
+    graph = [dict(r, claim=verdict.GRAPH_CLAIM, words="helps" if r["metric"] == "val_acc" else "raises")
+             for r in primary if r["metric"] in ("val_acc", "within-sequence share")]  # as rows 21 and 23 would read
+    assert verdict.oversmoothing_lines(primary + graph)[-1] == "| six_vit_cls_ls12 | lowers | helps | holds |"
+    flat = [dict(r, words="no difference larger than 0.005") if r["metric"] == "val_acc" else r for r in primary]
+    assert verdict.oversmoothing_lines(flat + graph)[-1:] == [  # one row, read from n_lap 4 against 0 alone
+        "| six_vit_cls_ls12 | lowers | no difference larger than 0.005 | smoother without a gain |"]
     for (share, acc), expected in cases.items():
         two = [dict(set="s", metric="within-sequence share", words=share), dict(set="s", metric="val_acc", words=acc)]
         assert verdict.oversmoothing_lines(two)[-1] == f"| s | {share} | {acc} | {expected} |"
