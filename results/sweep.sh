@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The reproduction sweep behind RESULTS.md: every paradigm over n_lap (Laplacian heads per layer, of 4) and
 # seeds 0-2, then analyze.py on every run. Two single-threaded runs at a time (accuracy does not depend on
-# machine load); 125 runs of 4 to 36 ViT epochs: the 107 collected by 2 December 2026 trained for 17.6 hours in all (their
-# RESULT lines' seconds), about 9 hours at two at a time, analyses not counted. Checkpoints stay in out/sweep/; the small artefacts each run
+# machine load); 245 runs of 4 to 36 ViT epochs: the 107 collected by 2 December 2026 trained for 17.6 hours in all (their
+# RESULT lines' seconds), about 9 hours at two at a time, analyses not counted; the 60 of the twelve-seed block 5.2 hours. Checkpoints stay in out/sweep/; the small artefacts each run
 # keeps (log.jsonl, result.txt, analysis.json for patch tokens and analysis_all.json with the CLS token) are
 # copied to results/<set>/k<n_lap>-s<seed>/ (set: a job's fourth word, else its kind: vit, gpt, dino). A run
 # collected with its per-head analysis is skipped, so an interrupted sweep continues where it stopped.
@@ -32,7 +32,8 @@
 # The verdict's sets (six_*, RESULTS.md's verdict): n_lap 0 and 4, seeds 0-5, with the recipes of vit_cls_amd (CLS,
 # 4 epochs), gpt_amd, dino_amd, vit_cls_ls12 (CLS + LayerScale, 12 epochs: the paper's regime) and vit_default (mean
 # pooling, 18 epochs: the CPU default), every run of a set on one machine kind (a 2-core AMD EPYC with AVX2 kernels,
-# 3 December 2026), set by set. A set goes into results/ only once it is complete.
+# 3 December 2026), set by set. A set goes into results/ only once it is complete. Seeds 6-11 of six_vit_cls_ls12,
+# six_gpt and six_dino and the uniform-graph arms (seeds 0-11) followed results/PLAN.md on an AVX512 EPYC (5 December).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
