@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The reproduction sweep behind RESULTS.md: every paradigm over n_lap (Laplacian heads per layer, of 4) and
 # seeds 0-2, then analyze.py on every run. Two single-threaded runs at a time (accuracy does not depend on
-# machine load); 245 runs of 4 to 36 ViT epochs: the 107 collected by 2 December 2026 trained for 17.6 hours in all (their
-# RESULT lines' seconds), about 9 hours at two at a time, analyses not counted; the 60 of the twelve-seed block 5.2 hours. Checkpoints stay in out/sweep/; the small artefacts each run
+# machine load); 245 runs of 4 to 36 ViT epochs: the 107 collected by 2 December 2026 trained for 17.6 hours in all
+# (their RESULT lines' seconds), about 9 hours at two at a time, analyses not counted; the 60 of the twelve-seed block
+# about 5.2 hours (a 1.9-hour freeze of the machine left out). Checkpoints stay in out/sweep/; the small artefacts each run
 # keeps (log.jsonl, result.txt, analysis.json for patch tokens and analysis_all.json with the CLS token) are
 # copied to results/<set>/k<n_lap>-s<seed>/ (set: a job's fourth word, else its kind: vit, gpt, dino). A run
 # collected with its per-head analysis is skipped, so an interrupted sweep continues where it stopped.
