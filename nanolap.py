@@ -27,7 +27,6 @@ import torch.nn.functional as F
 # ---- mixed-head attention: the idea -----------------------------------------
 class MixedHeadAttention(nn.Module):
     """n_head heads: the first n_head - n_lap output P V (attention heads), the trailing n_lap (I - P) V (Laplacian)."""
-    queries = True  # queries and keys (the uniform graph's subclass has neither)
 
     def __init__(self, config, n_lap):
         super().__init__()
@@ -37,13 +36,17 @@ class MixedHeadAttention(nn.Module):
         self.causal = config.causal
         self.dropout = config.dropout
         self.head_dim = config.n_embd // config.n_head
-        kv_dim = self.n_kv_head * self.head_dim
-        self.qkv_rows = [config.n_embd, kv_dim, kv_dim] if self.queries else [kv_dim]  # the heights of q, k and v in qkv
+        self.qkv_rows = self.qkv_heights()  # the heights of q, k and v in qkv
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm and self.queries else nn.Identity()
-        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm and self.queries else nn.Identity()
+        queries = len(self.qkv_rows) == 3  # the uniform graph has no queries or keys
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm and queries else nn.Identity()
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm and queries else nn.Identity()
         self.resid_drop = nn.Dropout(config.dropout)
+
+    def qkv_heights(self):
+        kv_dim = self.n_kv_head * self.head_dim
+        return [self.n_head * self.head_dim, kv_dim, kv_dim]
 
     def project(self, x, rope=None):
         """Queries (B, H, T, D) and keys (B, K, T, D), normalised and rotated, and values (B, T, K, D)."""
@@ -123,13 +126,38 @@ def extend_cache(cache, k, vh):
 class UniformGraphAttention(MixedHeadAttention):
     """The mean-mixing baseline (graph='uniform'): every score 0, so P is the plain average over the sequence (causally:
     over the positions <= t) and P V the (running) mean; no queries or keys."""
-    queries = False
+
+    def qkv_heights(self):
+        return [self.n_kv_head * self.head_dim]  # values only
 
     def project(self, x, rope=None):
         B, T, C = x.shape
         v = self.qkv(x).view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D): values only
         scores = x.new_zeros(B, self.n_head, T, 1)  # (B, H, T, 1): zero queries and keys, so every score is 0
         return scores, scores[:, :self.n_kv_head], v
+
+class UniformLaplacianAttention(MixedHeadAttention):
+    """The mixed graph control (graph='lap_uniform'): the attention heads keep their softmax graph, the Laplacian heads
+    alone mix by the uniform graph, V - mean(V) (causally: minus the running mean). Only the attention heads have
+    queries and keys; the Laplacian heads' are zero, so each of their scores is 0 and their P the plain average."""
+
+    def qkv_heights(self):
+        n_att = self.n_head - self.n_lap
+        return [n_att * self.head_dim, n_att * self.head_dim, self.n_head * self.head_dim]
+
+    def project(self, x, rope=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
+        n_att = self.n_head - self.n_lap
+        zeros = x.new_zeros(B, T, self.n_lap, self.head_dim)  # the Laplacian heads' queries and keys
+        q = torch.cat([self.q_norm(q.view(B, T, n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
+        k = torch.cat([self.k_norm(k.view(B, T, n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
+        v = v.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
+        if rope is not None:  # a rotated zero stays zero
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q.transpose(1, 2), k.transpose(1, 2), v
+
+ATTENTION = dict(attention=MixedHeadAttention, uniform=UniformGraphAttention, lap_uniform=UniformLaplacianAttention)
 
 # ---- norms and rotary embeddings ------------------------------------------
 def make_norm(config, dim):  # LayerNorm's eps: timm's and DINO's; RMSNorm without a gain, as nanochat's
@@ -172,7 +200,7 @@ class Block(nn.Module):
     def __init__(self, config, n_lap, drop_path_rate):
         super().__init__()
         self.norm1 = make_norm(config, config.n_embd)
-        self.attn = (UniformGraphAttention if config.graph == "uniform" else MixedHeadAttention)(config, n_lap)
+        self.attn = ATTENTION[config.graph](config, n_lap)
         self.ls1 = LayerScale(config.n_embd, config.layerscale) if config.layerscale else nn.Identity()
         self.norm2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
@@ -188,7 +216,7 @@ class Block(nn.Module):
 
 # ---- config and presets -----------------------------------------------------
 CHOICES = dict(model=("vit", "gpt"), norm=("layernorm", "rmsnorm"), mlp=("gelu", "relu2"), pos=("learned", "rope"),
-               pooling=("cls", "mean"), graph=("attention", "uniform"))  # Config's fields with named values
+               pooling=("cls", "mean"), graph=tuple(ATTENTION))  # Config's fields with named values
 
 @dataclass
 class Config:
@@ -217,7 +245,8 @@ class Config:
     in_chans: int = 1
     num_classes: int = 10  # 0 = features only (DINO backbone)
     pooling: str = "cls"  # 'cls' token or 'mean' of patch tokens
-    graph: str = "attention"  # every head's P: 'attention' (softmax) or 'uniform' (the sequence mean; the baseline)
+    graph: str = "attention"  # P: 'attention' (softmax), 'uniform' (every head: the sequence mean) or 'lap_uniform' (the
+    # Laplacian heads alone on the sequence mean, the attention heads on softmax)
 
     def __post_init__(self):
         """The rules between fields, one per check, raising ValueError (the scripts check types against the defaults)."""
@@ -234,6 +263,8 @@ class Config:
         if self.n_kv_head is not None:
             self._check("n_kv_head", 1 <= self.n_kv_head <= self.n_head, f"must lie in [1, n_head={self.n_head}] (or be None)")
             self._check("n_kv_head", self.n_head % self.n_kv_head == 0, f"must divide n_head={self.n_head}")
+            self._check("n_kv_head", self.graph != "lap_uniform" or self.n_kv_head == self.n_head,
+                        "graph='lap_uniform' has no grouped-query attention; leave n_kv_head None")
         self._check("drop_path", 0 <= self.drop_path < 1, "must lie in [0, 1)")
         self._check("dropout", 0 <= self.dropout < 1, "must lie in [0, 1)")
         if self.pos == "rope":

@@ -70,7 +70,7 @@ n_kv_head = None  # key/value heads, a divisor of n_head shared by its query hea
 n_embd = None  # None = the preset's width (a multiple of n_head)
 n_lap = 2  # Laplacian heads per layer (the trailing ones), or a list with one count per layer
 dropout = 0.0  # attention and residual dropout; short runs do not overfit, so 0
-graph = "attention"  # every head's P: attention (softmax) | uniform (the running mean: the mean-mixing baseline)
+graph = "attention"  # P: attention (softmax) | uniform (every head: the running mean) | lap_uniform (the Laplacian heads alone)
 # optimiser (nanochat's values; AdamW learning rates are scaled by (n_embd / 768) ** -0.5)
 optimizer_name = "muon"  # 'muon': Muon for block matrices + AdamW for embedding/lm_head; 'adamw': AdamW for all
 matrix_lr = 0.02  # Muon, the block matrices
@@ -143,16 +143,19 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         groups = [dict(params=list(model.parameters()), lr=lr, weight_decay=weight_decay)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, fused=on_cuda)]
     else:
-        # q, k and v as three matrices, as nanochat's c_q, c_k, c_v (the uniform graph: v alone); qkv_rows: their heights
-        qkv = [block.attn.qkv.weight for block in model.blocks]
+        # q, k and v as three matrices, as nanochat's c_q, c_k, c_v (the uniform graph: v alone); qkv_rows: their heights,
+        # which differ between layers of different n_lap on the lap_uniform graph: a group per list of heights
+        qkv = {}
+        for block in model.blocks:
+            qkv.setdefault(tuple(block.attn.qkv_rows), []).append(block.attn.qkv.weight)
         matrices = [p for n, p in model.blocks.named_parameters() if p.ndim == 2 and not n.endswith("qkv.weight")]
         embedding = [model.wte.weight]
         head = [model.lm_head.weight]
-        assert len(matrices) + len(qkv) + 2 == len(list(model.parameters())), "every parameter needs an optimizer"
+        assert len(matrices) + len(model.blocks) + 2 == len(list(model.parameters())), "every parameter needs an optimizer"
         scale = (model.config.n_embd / 768) ** -0.5
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
-                      Muon([dict(params=matrices), dict(params=qkv, blocks=model.blocks[0].attn.qkv_rows)],
+                      Muon([dict(params=matrices)] + [dict(params=ps, blocks=list(rows)) for rows, ps in qkv.items()],
                            lr=matrix_lr, weight_decay=weight_decay,
                            ns_dtype=torch.bfloat16 if auto == torch.bfloat16 else torch.float32, compile=compile)]
     for optimizer in optimizers:

@@ -390,9 +390,11 @@ def test_help_lists_every_option_with_its_comment(capsys):
 
 @pytest.mark.slow  # seven seconds each: the fast tier's tiny training covers the script, test_nanolap the graph's math
 @pytest.mark.parametrize("optimizer_name", ["muon", "adamw"])
-def test_the_uniform_graph_trains(data_dir, tmp_path, optimizer_name):
-    """--graph=uniform (values only: Muon's fused qkv group holds one block, not three) trains with either optimiser."""
-    done = run(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2", "--n_lap=[0,2]", "--graph=uniform",
+@pytest.mark.parametrize("graph", ["uniform", "lap_uniform"])
+def test_the_uniform_graphs_train(data_dir, tmp_path, optimizer_name, graph):
+    """--graph=uniform (values only: Muon's fused qkv group holds one block, not three) and --graph=lap_uniform (whose
+    layers' q and k heights differ with their n_lap: a Muon group per height) train with either optimizer."""
+    done = run(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=2", "--n_lap=[0,2]", f"--graph={graph}",
                        f"--optimizer_name={optimizer_name}", "--max_new_tokens=0", f"--out_dir={tmp_path}"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert math.isfinite(float(result(done.stdout)["val_loss"]))

@@ -249,8 +249,64 @@ def test_uniform_graph_has_no_queries_or_keys():
     assert uniform.blocks[0].attn.qkv.out_features == 96 and isinstance(uniform.blocks[0].attn.q_norm, nn.Identity)
     per_layer = 2 * 96 * 96 + 2 * 96 + 2 * 2 * 24  # the query and key rows and biases; the two QK-norms (gain, bias)
     assert attention.num_params() - uniform.num_params() == 4 * per_layer
-    with pytest.raises(ValueError, match=r"graph='mean': allowed values are \('attention', 'uniform'\)"):
+    with pytest.raises(ValueError, match=r"graph='mean': allowed values are \('attention', 'uniform', 'lap_uniform'\)"):
         make_config("vit-tiny", graph="mean")
+
+
+# the mixed graph control: the Laplacian heads alone on the uniform graph, the attention heads on softmax
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_lap", [1, 2, 3])
+def test_lap_uniform_keeps_the_attention_heads_and_mixes_the_laplacian_heads_by_the_mean(causal, n_lap):
+    """Against two independent references from the same weights: the attention heads equal an attention-graph module's
+    (its q and k rows of those heads copied in, the rest random), and each Laplacian head outputs v - mean(v) (causally
+    minus the running mean); the fused path equals the explicit one, whose P is the uniform matrix on those heads."""
+    torch.manual_seed(0)
+    preset = "gpt-tiny" if causal else "vit-tiny"
+    cfg = make_config(preset, n_lap=n_lap, n_layer=1, graph="lap_uniform", **({"vocab_size": 10} if causal else {}))
+    attn = randomise(nanolap.UniformLaplacianAttention(cfg, n_lap), std=0.3).eval()
+    full = randomise(MixedHeadAttention(cfg, 0), std=0.3).eval()  # every head an attention head
+    C, H = cfg.n_embd, cfg.n_head
+    A = C // H * (H - n_lap)  # the attention heads' rows of q (and of k)
+    with torch.no_grad():
+        for module in ("q_norm", "k_norm"):
+            getattr(full, module).load_state_dict(getattr(attn, module).state_dict())
+        for name in ("weight", "bias"):
+            src, dst = getattr(attn.qkv, name), getattr(full.qkv, name)
+            if src is not None:
+                dst[:A] = src[:A]  # q of the attention heads
+                dst[C:C + A] = src[A:2 * A]  # k of the attention heads
+                dst[2 * C:] = src[2 * A:]  # v of every head
+    x = torch.randn(2, 9, C)
+    rope = None
+    if causal:
+        model = build_model(cfg)
+        rope = (model.cos[:, :9], model.sin[:, :9])
+    y = attn.heads(x, rope)[0]  # (B, T, H, D)
+    torch.testing.assert_close(y[:, :, :H - n_lap], full.heads(x, rope)[0][:, :, :H - n_lap], atol=1e-5, rtol=1e-4)
+    v = (x @ attn.qkv.weight[2 * A:].T + (attn.qkv.bias[2 * A:] if attn.qkv.bias is not None else 0)).view(2, 9, H, -1)
+    count = torch.arange(1, 10).view(1, 9, 1, 1)
+    mean = v.cumsum(1) / count if causal else v.mean(1, keepdim=True).expand_as(v)
+    torch.testing.assert_close(y[:, :, H - n_lap:], (v - mean)[:, :, H - n_lap:], atol=1e-5, rtol=1e-4)
+    y_explicit, P = attn(x, rope, return_attn=True)
+    torch.testing.assert_close(attn(x, rope), y_explicit, atol=1e-5, rtol=1e-4)  # fused == explicit
+    rows = torch.ones(9, 9).tril() if causal else torch.ones(9, 9)
+    torch.testing.assert_close(P[0, H - 1], rows / rows.sum(-1, keepdim=True))
+
+
+def test_lap_uniform_drops_only_the_laplacian_heads_queries_and_keys():
+    """At n_lap 0 it is the attention graph, weight for weight and output for output; at n_lap = n_head it holds the
+    uniform graph's parameters; in between it lacks the Laplacian heads' query and key rows and biases."""
+    def model(graph, n_lap):
+        torch.manual_seed(0)
+        return build_model(make_config("vit-tiny", graph=graph, n_lap=n_lap)).eval()
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(model("lap_uniform", 0)(x), model("attention", 0)(x), atol=0, rtol=0)
+    assert model("lap_uniform", 4).num_params() == model("uniform", 4).num_params() + 4 * 2 * 2 * 24  # its QK-norms
+    per_head = 2 * 24 * 96 + 2 * 24  # a head's query and key rows and biases (head_dim 24)
+    assert model("attention", 2).num_params() - model("lap_uniform", 2).num_params() == 4 * 2 * per_head
+    with pytest.raises(ValueError, match="graph='lap_uniform' has no grouped-query attention"):
+        make_config("gpt-tiny", graph="lap_uniform", n_kv_head=2, vocab_size=10)
 
 
 # grouped-query attention and the KV cache
