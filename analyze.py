@@ -826,7 +826,7 @@ def analyze_run(path, ckpt, out_dir, config, device):
     data_dir, dataset = cfg.get("data_dir", "data"), cfg.get("dataset")
     if kind == "gpt":
         T = config["seq_len"] or cfg.get("block_size") or model.config.block_size
-        x, targets = text.load_windows(data_dir, dataset, T, config["max_samples"])
+        x, targets = text.load_windows(data_dir, dataset, T, config["max_samples"], cfg.get("holdout", 0.0))
         r, top, extra = gpt_pass(model, x, targets, layer, config["n_targets"], config["pca_images"],
                                  config["batch_size"], device)
         res.update(r)

@@ -66,6 +66,7 @@ seed = 0  # initial weights, data order, crops and drop path all follow from it
 dataset = "fashion_mnist"  # fashion_mnist | cifar10 | cifar100 | scenes | synthetic | imagefolder (data_dir/train, /val)
 data_dir = "data"  # where the datasets live (downloads go here)
 train_subset = 0  # train on a fixed random subset of this many train images, for quick experiments; 0 = all
+holdout = 0.0  # for choosing hyperparameters: train without the last this fraction of the train images, probe on it; 0 = off
 num_workers = min(8, os.cpu_count() or 1)  # imagefolder: decoding processes; about the CPU cores per GPU
 imagefolder_base = 256  # imagefolder: images are resized to this square first, the canvas the crops are cut from
 # model: the preset, then these overrides (None = the preset's value)
@@ -75,7 +76,7 @@ n_head = None  # heads per block
 n_embd = None  # width
 patch_size = None  # patch side; global_size, local_size and seg_size must be multiples of it
 n_lap = 2  # Laplacian heads per layer (int or per-layer list); 0 = standard attention, the baseline
-graph = "attention"  # every head's P: attention (softmax) | uniform (the sequence mean: the mean-mixing baseline)
+graph = "attention"  # P: attention (softmax) | uniform (every head: the sequence mean) | lap_uniform (the Laplacian heads alone)
 drop_path = 0.0  # stochastic depth of the student (DINO ViT-S: 0.1); it only slows a 0.2M-parameter model down
 # DINO head and loss
 out_dim = 4096  # prototypes (DINO: 65536 on ImageNet): many more than classes, far fewer than images
@@ -236,10 +237,12 @@ if __name__ == "__main__":
         0: ("local_crops", "train_subset", "eval_train", "eval_val", "seg_train", "seg_val", "warmup_epochs",
             "freeze_last_layer", "weight_decay", "weight_decay_end", "grad_clip", "min_lr", "stop_at_step")},
         above_zero=("epochs", "lr", "student_temp", "teacher_temp", "warmup_teacher_temp", "knn_temp"),
-        fractions=("momentum_teacher", "center_momentum", "jitter_p", "grayscale_p", "solarize_p"),
+        fractions=("momentum_teacher", "center_momentum", "jitter_p", "grayscale_p", "solarize_p", "holdout"),
         choices=dict(dataset=images.DATASETS + ("imagefolder",), seg_dataset=("scenes", "pets", "none")))
     if resume and eval_only:
         raise UsageError("--resume and --eval_only exclude each other")
+    if holdout and dataset == "imagefolder":
+        raise UsageError("--holdout splits an in-memory dataset; for an image folder, keep a selection folder apart")
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype too
     common.check_compile(compile_model, common.resolve_device(device))
 
@@ -252,7 +255,8 @@ if __name__ == "__main__":
         backbone = common.load_model(ckpt).to(run_device).eval()
         trained = {**config, **ckpt.get("config", {})}  # the data it was trained on
         data = (folders.imagefolder_squares(trained["data_dir"], trained["imagefolder_base"])
-                if trained["dataset"] == "imagefolder" else images.load_images(trained["dataset"], trained["data_dir"]))
+                if trained["dataset"] == "imagefolder" else
+                images.hold_out(images.load_images(trained["dataset"], trained["data_dir"]), trained.get("holdout", 0.0)))
         eval_sets = [images.load_eval_images(data, s, n, size=backbone.config.img_size, num_workers=num_workers)
                      for s, n in (("train", eval_train), ("val", eval_val))]
         seg_sets = None if seg_dataset == "none" else [
@@ -272,7 +276,7 @@ if __name__ == "__main__":
     # uint8 tensors in memory or ImageFolders read lazily; the crops are cut on the device
     common.launch_processes(cpu_procs, device)
     data = (folders.imagefolder_squares(data_dir, imagefolder_base) if dataset == "imagefolder"
-            else images.load_images(dataset, data_dir))
+            else images.hold_out(images.load_images(dataset, data_dir), holdout))
     x_train = data["train"] if dataset == "imagefolder" else data["train"][0]
     n_train = min(len(x_train), train_subset) if train_subset else len(x_train)
     subset = images.fixed_subset(len(x_train), train_subset) if train_subset else None
@@ -465,4 +469,5 @@ if __name__ == "__main__":
         common.append_jsonl(log_path, dict(step=end_step, **res, machine=machine))
         common.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,
                             steps=end_step, seconds=round(time.time() - t_start), **res,
-                            pixel_side=min(global_size, probes.PIXEL_SIDE), machine=machine)
+                            pixel_side=min(global_size, probes.PIXEL_SIDE), machine=machine,
+                            **({"holdout": holdout} if holdout else {}))

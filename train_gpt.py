@@ -59,6 +59,7 @@ stop_at_step = 0  # stop with a checkpoint after this step, as if interrupted (t
 # data
 dataset = "shakespeare_char"  # data/<dataset>/{train,val}.bin and meta.json, made by data/<dataset>/prepare.py
 data_dir = "data"  # the folder that holds the dataset folders
+holdout = 0.0  # for choosing hyperparameters: train without the last this fraction of the train split, evaluate on it; 0 = off
 block_size = 128  # context length in tokens, also the model's (its rotary embeddings end there)
 batch_size = 8  # sequences per forward/backward and process; lower it when memory runs out
 total_batch_size = 0  # tokens per optimiser step over all processes (gradient accumulation); 0 = one batch each
@@ -215,7 +216,7 @@ if __name__ == "__main__":
             "cpu_procs"),
         0: ("stop_at_step", "warmup_iters", "total_batch_size", "seed", "max_new_tokens", "top_k", "temperature",
             "grad_clip", "weight_decay")},
-        fractions=("warmdown_frac", "final_lr_frac"),
+        fractions=("warmdown_frac", "final_lr_frac", "holdout"),
         choices=dict(optimizer_name=("muon", "adamw")))
     if sample_from:  # only sample a checkpoint: no data, no training
         sample_checkpoint(sample_from, common.resolve_device(device), prompt, num_samples=num_samples,
@@ -241,6 +242,8 @@ if __name__ == "__main__":
     # ---- data: flat uint16 token files (data/text.py); bytes per token for bits per byte
     train_tokens = text.load_tokens(data_dir, dataset, "train")
     val_tokens = text.load_tokens(data_dir, dataset, "val")
+    if holdout:
+        train_tokens, val_tokens = text.hold_out(train_tokens, holdout)
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):
         if len(tokens) <= block_size + 1:
             raise UsageError(f"the {split} split of {dataset} has {len(tokens)} tokens, too few for "
@@ -299,7 +302,7 @@ if __name__ == "__main__":
     log_path = os.path.join(out_dir, common.LOG)
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} (corpus {corpus}, {meta['tokenizer']} tokenizer, vocab {meta['vocab_size']}), "
-           f"train {len(train_tokens):,} tokens, val {len(val_tokens):,}")
+           f"train {len(train_tokens):,} tokens, val {len(val_tokens):,}" + " (held out of train)" * (holdout > 0))
     print0(f"model: {preset}, {model_config.n_layer} layers, {model_config.n_head} heads, d={model_config.n_embd}, "
            f"Laplacian heads per layer {model_config.lap_schedule()}, {raw_model.num_params() / 1e6:.2f}M parameters "
            f"({raw_model.num_params(exclude_embedding=True) / 1e6:.2f}M without the embedding)")
@@ -414,4 +417,5 @@ if __name__ == "__main__":
                 print(f"no sample: {e}")
         common.write_result(out_dir, n_lap=model_config.n_lap, params=raw_model.num_params(), seed=seed,
                             dataset=dataset, corpus=corpus, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
-                            val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine)
+                            val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine,
+                            **({"holdout": holdout} if holdout else {}))

@@ -47,6 +47,7 @@ dataset = "fashion_mnist"  # fashion_mnist | cifar10 | cifar100 | synthetic (gen
 data_dir = "data"  # small datasets: data/<dataset>; imagefolder: the folder holding train/ and val/
 train_subset = 0  # train on N training images only (0 = all): smoke tests and quick recipe checks
 val_subset = 0  # evaluate on N validation images only (0 = all): faster evals, noisier numbers
+holdout = 0.0  # for choosing hyperparameters: train without the last this fraction of the train images, evaluate on it; 0 = off
 img_size = 0  # model resolution; 0 = the dataset's own (imagefolder: 224); small datasets are resized on the device
 num_workers = min(8, os.cpu_count() or 1)  # imagefolder: DataLoader processes per training process; raise it while data_wait is high
 # model (None = the preset's value)
@@ -61,7 +62,7 @@ pooling = "mean"  # 'cls' token or 'mean' of the patch tokens; mean pooling suit
 drop_path = 0.1  # stochastic depth, rising linearly to the last block; curbs overfitting (DeiT-III: 0.1-0.4)
 layerscale = None  # LayerScale init (DeiT-III: 1e-6, it steadies deep models); 0.0 = off
 qk_norm = None  # normalise queries and keys per head (the paper's ViTs: True); keeps attention logits bounded
-graph = "attention"  # every head's P: attention (softmax) | uniform (the sequence mean: the mean-mixing baseline)
+graph = "attention"  # P: attention (softmax) | uniform (every head: the sequence mean) | lap_uniform (the Laplacian heads alone)
 # augmentation (on the device, per image, batched)
 crop_padding = 0  # random crop after zero-padding by this many pixels (CIFAR: 4); imagefolder: random resized crop
 simple_random_crop = False  # imagefolder: DeiT-III's ImageNet-21k crop (resize, crop with 4 px padding), not RRC
@@ -210,8 +211,10 @@ if __name__ == "__main__":
         1: ("epochs", "batch_size", "grad_accum", "log_interval", "cpu_procs"),
         0: ("train_subset", "val_subset", "img_size", "crop_padding", "rand_augment", "ckpt_interval", "stop_at_step",
             "num_workers", "cpu_threads")},
-        fractions=("random_erasing",),
+        fractions=("random_erasing", "holdout"),
         choices=dict(dataset=images.DATASETS + ("imagefolder",)))
+    if holdout and dataset == "imagefolder":
+        raise UsageError("--holdout splits an in-memory dataset; for an image folder, keep a selection folder apart")
     common.check_compile(compile_model, common.resolve_device(device))
     ctx, amp_dtype = common.autocast(common.resolve_device(device), dtype)  # checks --device and --dtype
     common.launch_processes(cpu_procs, device)
@@ -233,7 +236,7 @@ if __name__ == "__main__":
         mean = folders.IMAGENET_MEAN
         std = folders.IMAGENET_STD
     else:
-        data = images.load_images(dataset, data_dir)
+        data = images.hold_out(images.load_images(dataset, data_dir), holdout)
         (train_x, train_y), (val_x, val_y) = data["train"], data["val"]
         train_data = (train_x[:train_subset or None], train_y[:train_subset or None])
         val_data = (val_x[:val_subset or None], val_y[:val_subset or None])
@@ -303,7 +306,8 @@ if __name__ == "__main__":
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
-    print0(f"data: {dataset} {n_train} train / {n_val} val images, {in_chans}x{resolution}x{resolution}, "
+    print0(f"data: {dataset} {n_train} train / {n_val} {'held-out' if holdout else 'val'} images, "
+           f"{in_chans}x{resolution}x{resolution}, "
            f"{len(classes)} classes, on {run_device} in {common.DTYPE_WORDS[amp_dtype]}, "
            f"{world} process{'es' if world > 1 else ''}")
     print0(f"model: {preset} {model_config.n_layer} layers, d {model_config.n_embd}, {model_config.n_head} heads, "
@@ -416,5 +420,6 @@ if __name__ == "__main__":
         common.write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset,
                             steps=step, seconds=round(time.time() - t_start), val_acc=val_acc, val_loss=val_loss,
                             epochs=epochs, img_per_s=round(sum(timed) / len(timed)),
-                            data_wait=sum(waits) / max(len(waits), 1), machine=machine)
+                            data_wait=sum(waits) / max(len(waits), 1), machine=machine,
+                            **({"holdout": holdout} if holdout else {}))
     common.teardown_distributed()

@@ -103,9 +103,27 @@ def load_images(name, data_dir="data"):
         split = {s: (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets))
                  for s, ds in sets.items()}
         classes = sets["train"].classes
-    x = split["train"][0].float().div_(255)
-    mean, std = x.mean(dim=(0, 2, 3)).tolist(), x.std(dim=(0, 2, 3)).tolist()
+    mean, std = pixel_stats(split["train"][0])
     return dict(train=split["train"], val=split["val"], num_classes=len(classes), classes=classes, mean=mean, std=std)
+
+
+def pixel_stats(x):  # the per-channel mean and std of uint8 images (N, C, H, W), in [0, 1]
+    x = x.float().div_(255)
+    return x.mean(dim=(0, 2, 3)).tolist(), x.std(dim=(0, 2, 3)).tolist()
+
+
+def hold_out(data, fraction):
+    """A selection split, for choosing hyperparameters without the validation images: the last `fraction` of the
+    training images become the evaluation split ("val"), the rest the training split, and the normalisation is the
+    kept images' own. The validation images are not in it. fraction 0: data as it is."""
+    if not fraction:
+        return data
+    x, y = data["train"]
+    n = len(y) - round(fraction * len(y))
+    if not 0 < n < len(y):
+        raise UsageError(f"--holdout={fraction} of {len(y)} training images leaves one split empty; choose e.g. 0.1")
+    mean, std = pixel_stats(x[:n])
+    return dict(data, train=(x[:n], y[:n]), val=(x[n:], y[n:]), mean=mean, std=std)
 
 
 def fixed_subset(n, limit, seed=1234):
@@ -147,6 +165,7 @@ def eval_images(ckpt, max_samples, seed):
     folder = dataset == "imagefolder"
     if ckpt["kind"] == "dino":  # exactly train_dino.py's evaluation images
         data = folders.imagefolder_squares(data_dir, cfg.get("imagefolder_base", 256)) if folder else load_images(dataset, data_dir)
+        data = data if folder else hold_out(data, cfg.get("holdout", 0.0))
         x, y = load_eval_images(data, "val", cfg.get("eval_val", 5000), cfg.get("global_size", img_size), workers)
         idx = fixed_subset(len(x), min(max_samples, len(x)), seed).sort().values
     elif folder:  # decode only the analysed subset of the validation folder
@@ -155,7 +174,7 @@ def eval_images(ckpt, max_samples, seed):
         x, y = folders.decode_folder(val, fixed_subset(len(val), min(max_samples, len(val)), seed).sort().values, img_size, workers)
         idx = slice(None)
     else:
-        data = load_images(dataset, data_dir)
+        data = hold_out(load_images(dataset, data_dir), cfg.get("holdout", 0.0))
         x, y = data["val"]
         idx = fixed_subset(len(x), min(max_samples, len(x)), seed).sort().values
     return (x[idx], y[idx].long(), *(ckpt.get(k, data[k]) for k in ("classes", "mean", "std")))

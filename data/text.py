@@ -50,6 +50,16 @@ def load_tokens(data_dir, dataset, split):
     return np.memmap(_prepared(data_dir, dataset, f"{split}.bin"), dtype=np.uint16, mode="r")
 
 
+def hold_out(tokens, fraction):
+    """A selection split, for choosing hyperparameters without the validation split: (the first 1 - fraction of the
+    training tokens, to train on; the last fraction, to evaluate in place of the validation split). fraction 0: (tokens,
+    None). No training window reaches into the held-out tokens: the two are separate arrays."""
+    if not fraction:
+        return tokens, None
+    cut = len(tokens) - round(fraction * len(tokens))
+    return tokens[:cut], tokens[cut:]
+
+
 def tiktoken_encoding(name="gpt2"):
     """A tiktoken Encoding by name; tiktoken downloads its vocabulary on first use, then caches it."""
     import tiktoken
@@ -134,9 +144,10 @@ def windows(tokens, starts, block_size, device):
     return x.to(device), y.to(device)
 
 
-def load_windows(data_dir, dataset, T, max_samples):
-    """Up to max_samples windows (n, T) and their next-token targets, evenly spread over the validation tokens."""
-    val = load_tokens(data_dir, dataset, "val")
+def load_windows(data_dir, dataset, T, max_samples, holdout=0.0):
+    """Up to max_samples windows (n, T) and their next-token targets, evenly spread over the validation tokens (a run
+    trained with --holdout: over its held-out tokens)."""
+    val = hold_out(load_tokens(data_dir, dataset, "train"), holdout)[1] if holdout else load_tokens(data_dir, dataset, "val")
     n = min(max_samples, (len(val) - 1) // T)
     if n < 1:
         raise UsageError(f"the validation split of {dataset!r} has {len(val)} tokens, fewer than one window of "

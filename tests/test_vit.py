@@ -84,7 +84,7 @@ def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
     assert out.startswith("Supervised ViTs") and "torchrun --nproc_per_node=8" in out
     options = re.findall(r"^  --(\w+)=(.*?)  # (.+)$", out, re.M)
     assert [k for k, _, _ in options] == ["out_dir", "log_interval", "ckpt_interval", "resume", "stop_at_step",
-                                          "dataset", "data_dir", "train_subset", "val_subset", "img_size",
+                                          "dataset", "data_dir", "train_subset", "val_subset", "holdout", "img_size",
                                           "num_workers", "preset", "n_lap", "n_layer", "n_head", "n_embd",
                                           "patch_size", "mlp_ratio", "pooling", "drop_path", "layerscale", "qk_norm",
                                           "graph", "crop_padding", "simple_random_crop", "hflip", "three_augment",
