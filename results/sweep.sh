@@ -67,7 +67,57 @@ run() {  # run <kind> <n_lap> <seed> [<set> <extra options...>]: one training, i
 }
 export -f run
 
+search() {  # search <kind> <n_lap> <seed> <factor>: a learning-rate trial (results/PLAN.md, 7 December): the recipe of
+    # six_vit_cls_ls12, six_gpt or six_dino with every learning rate times the factor, trained on all but the last tenth
+    # of the training data and evaluated on that tenth (--holdout=0.1); its log and RESULT line go to
+    # results/lr_search/six_<kind>-x<factor>/k<n_lap>-s<seed>/ (no analysis). A run stopped by a non-finite loss keeps
+    # its last lines as diverged.txt: a factor whose run diverges is never chosen
+    local kind=$1 k=$2 s=$3 f=$4 set=six_$1; [ "$1" = vit ] && set=six_vit_cls_ls12
+    local dst=results/lr_search/$set-x$f/k$k-s$s out=$OUT/lr_search/$set-x$f/k$k-s$s
+    [ -f "$dst/result.txt" ] || [ -f "$dst/diverged.txt" ] && return 0
+    [ -n "$ANALYZE_ONLY" ] && return 0
+    local x; x=$(case $f in 0.35) echo 0.35355339;; 0.71) echo 0.70710678;; 1.41) echo 1.41421356;;
+                           2.83) echo 2.82842712;; *) echo "$f";; esac)  # the factors are 2^(i/2)
+    lr() { awk -v a="$1" -v x="$x" 'BEGIN { printf "%.8g", a * x }'; }
+    mkdir -p "$(dirname "$out")"
+    case $kind in
+        vit)  python train_vit.py --n_lap=$k --seed=$s --cpu_procs=1 --batch_size=256 --pooling=cls --layerscale=1e-6 \
+                  --epochs=12 --holdout=0.1 --lr=$(lr 3e-3) --min_lr=$(lr 1e-5) --out_dir=$out ;;
+        gpt)  python train_gpt.py --n_lap=$k --seed=$s --max_iters=1000 --max_new_tokens=0 --holdout=0.1 \
+                  --matrix_lr=$(lr 0.02) --embedding_lr=$(lr 0.2) --unembedding_lr=$(lr 0.004) --out_dir=$out ;;
+        dino) python train_dino.py --n_lap=$k --seed=$s --epochs=1.5 --cpu_procs=1 --holdout=0.1 --seg_dataset=none \
+                  --lr=$(lr 0.002) --min_lr=$(lr 1e-6) --out_dir=$out ;;
+    esac > "$out.log" 2>&1 || {
+        mkdir -p "$dst"
+        if grep -q "non-finite" "$out.log"; then tail -n 3 "$out.log" > "$dst/diverged.txt"; echo "diverged: $dst"; return 0; fi
+        echo "FAILED: lr_search $set x$f k$k-s$s (see $out.log)"; return 1; }
+    mkdir -p "$dst"
+    cp "$out/log.jsonl" "$out/result.txt" "$dst/"
+    echo "done: lr_search/$set-x$f/k$k-s$s: $(cat "$dst/result.txt")"
+}
+export -f search
+
 jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every regime at the same seeds; then the rest
+    # The fair verdict (results/PLAN.md, section of 7 December 2026, committed before these trained). First the
+    # learning-rate search, seed by seed: each arm (n_lap 0 and 4) of each recipe at the factors 1, 0.71, 1.41, 0.5
+    # and 2 of its learning rates, selection seeds 100-101 (DINO: 100-102), on the held-out tenth. Then the mixed graph
+    # control, seed by seed: n_lap 2 of 4 with the Laplacian heads on the attention graph (lap2_*) and on the uniform
+    # graph (lap2u_*, --graph=lap_uniform), seeds 0-23, on six_vit_cls_ls12's and six_gpt's recipes.
+    # Run: bash results/sweep.sh '^search |lap2'
+    for s in 100 101 102; do
+        for f in 1 0.71 1.41 0.5 2; do
+            for k in 0 4; do
+                if [ $s != 102 ]; then echo "search vit $k $s $f"; echo "search gpt $k $s $f"; fi
+                echo "search dino $k $s $f"
+            done
+        done
+    done
+    for s in $(seq 0 23); do
+        echo "vit 2 $s lap2_vit_cls_ls12 --pooling=cls --layerscale=1e-6 --epochs=12"
+        echo "vit 2 $s lap2u_vit_cls_ls12 --pooling=cls --layerscale=1e-6 --epochs=12 --graph=lap_uniform"
+        echo "gpt 2 $s lap2_gpt"
+        echo "gpt 2 $s lap2u_gpt --graph=lap_uniform"
+    done
     # Twelve seeds a side (results/PLAN.md, committed before these trained): seeds 6-11 of the primary family's sets,
     # and the uniform-graph arms (n_lap 4, seeds 0-11) beside them, seed by seed, so that a sweep cut short leaves
     # every set at about the same number of seeds. Run: bash results/sweep.sh 'six_vit_cls_ls12|six_gpt|six_dino|uniform_'
@@ -122,4 +172,4 @@ jobs() {  # seed by seed across the ladder, so that a cut-short sweep has every 
     for k in 0 4; do echo "dino $k 0 dino_scenes --dataset=scenes --global_size=56 --epochs=3"; done
 }
 # exit on the same line: bash reads a script as it runs, so an edit of this file during a sweep must not be read
-jobs | grep -E -- "${1:-.}" | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _; exit
+jobs | grep -E -- "${1:-.}" | xargs -P "$JOBS" -L 1 bash -c 'if [ "$1" = search ]; then shift; search "$@"; else run "$@"; fi' _; exit
