@@ -397,14 +397,15 @@ def write_report(root, dest, command):
     chosen = verdict.verdict_sets(collected)
     verdict_figs = verdict.verdict_figures(collected, chosen, dest)
     verdict_text = verdict.verdict_lines(*verdict.verdict_rows(collected), verdict.verdict_sets_line(collected, chosen),
-                                         verdict_figs)
+                                         verdict_figs, collected, chosen)
+    verdict_text += verdict.fair_lines(*verdict.fair_rows(collected, root), root)
     intro = (f"`{command}`: end metrics from each run's result.txt, the rest from its "
              "analysis.json (analysis_all.json: all tokens, with CLS); mean ± std (unbiased) over seeds.")
     with common.atomic_write(os.path.join(dest, common.SUMMARY)) as f:
         f.write(compare_summary(sets.values(), intro, verdict_text).encode())
     # the verdict's sets (six_*) have figures of their own; their uniform-graph arms (uniform_*, n_lap 4 alone) are no
     # ladder over n_lap, and uniform_vit_cls_ls12, sorted before vit, would set the ViT column's recipe
-    ladders = {name: c for name, c in sets.items() if not name.startswith(("six_", "uniform_"))}
+    ladders = {name: c for name, c in sets.items() if not name.startswith(("six_", "uniform_", "tuned_", "lap2"))}
     headline = fig_headline(ladders, os.path.join(dest, "figures", "headline.png"))
     written = [f for c in sets.values() for f in c["figures"]] + verdict_figs
     written += [common.SUMMARY, os.path.join("figures", headline)]

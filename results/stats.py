@@ -34,27 +34,49 @@ def effect(v0, v1):
     se = math.sqrt(s0["std"] ** 2 / s0["n"] + s1["std"] ** 2 / s1["n"])
     return s1["mean"] - s0["mean"], se, min(v1) > max(v0) or max(v1) < min(v0)
 
+EXACT_LIMIT = 2_000_000  # relabelings enumerated exactly (12 + 12 runs on two machines: 853,776); beyond, sampled
+SAMPLES = 1_000_000  # random relabelings of a sampled permutation p
+
 def permutation_p(pairs0, pairs1):
-    """Exact two-sided permutation p of the difference of means of two groups of (value, machine) pairs, with the labels
+    """Two-sided permutation p of the difference of means of two groups of (value, machine) pairs, with the labels
     exchanged only between runs of one machine (floats differ between machines, so only those runs are exchangeable):
     the share of all such relabelings whose |difference| reaches the observed one. 3 + 3 runs of one machine: at
     least 2/20 = 0.10; a set that mixes machines as 1 + 1 and 2 + 2 runs: at least 2/12.
-    Every relabeling is enumerated at once, as group 1's sum: each machine's sums of every choice of its group-1 count
-    of its runs (subset_sums), added over the machines in every combination. 12 + 12 runs, six of each group on each
-    of two machines: 924 x 924 = 853,776 relabelings, held in memory together."""
+    Up to EXACT_LIMIT relabelings, every one is enumerated at once, as group 1's sum: each machine's sums of every
+    choice of its group-1 count of its runs (subset_sums), added over the machines in every combination. 12 + 12 runs,
+    six of each group on each of two machines: 924 x 924 = 853,776 relabelings, held in memory together. Beyond (24 +
+    24 runs of one machine: C(48, 24) = 3.2e13), SAMPLES random relabelings within machines (sampled_permutation_p)."""
     machines = sorted({m for _, m in pairs0 + pairs1})
-    ones = torch.zeros(1, dtype=torch.float64)  # group 1's sum under every relabeling of the machines so far
-    grand = 0.0  # the sum of every run
-    for machine in machines:
-        values = [v for v, m in pairs0 + pairs1 if m == machine]
-        picked = subset_sums(values, sum(m == machine for _, m in pairs1))
-        ones = (ones[:, None] + picked[None, :]).flatten()
-        grand += sum(values)
+    values = [[v for v, m in pairs0 + pairs1 if m == machine] for machine in machines]
+    picks = [sum(m == machine for _, m in pairs1) for machine in machines]  # group 1's count on each machine
     n0, n1 = len(pairs0), len(pairs1)
     observed = abs(sum(v for v, _ in pairs1) / n1 - sum(v for v, _ in pairs0) / n0)
-    differences = ones / n1 - (grand - ones) / n0
+    if math.prod(math.comb(len(v), k) for v, k in zip(values, picks)) > EXACT_LIMIT:
+        return sampled_permutation_p(values, picks, n0, n1, observed)
+    ones = torch.zeros(1, dtype=torch.float64)  # group 1's sum under every relabeling of the machines so far
+    for machine_values, k in zip(values, picks):
+        ones = (ones[:, None] + subset_sums(machine_values, k)[None, :]).flatten()
+    differences = ones / n1 - (sum(map(sum, values)) - ones) / n0
     hits = (differences.abs() >= observed - 1e-12 * max(1.0, observed)).sum().item()
     return hits / len(ones)
+
+def sampled_permutation_p(values, picks, n0, n1, observed, seed=0, chunk=100_000):
+    """permutation_p by SAMPLES random relabelings within machines (a fixed seed): (hits + 1) / (SAMPLES + 1), the
+    observed labelling counted once, so p is never below 1 / (SAMPLES + 1). values: each machine's runs; picks: each
+    machine's count of group 1."""
+    g = torch.Generator().manual_seed(seed)
+    grand = sum(map(sum, values))
+    hits = 0
+    for start in range(0, SAMPLES, chunk):
+        n = min(chunk, SAMPLES - start)
+        ones = torch.zeros(n, dtype=torch.float64)
+        for machine_values, k in zip(values, picks):
+            v = torch.tensor(machine_values, dtype=torch.float64)
+            chosen = torch.rand(n, len(v), generator=g).argsort(dim=1)[:, :k]  # (n, k): a random k of this machine's
+            ones += v[chosen].sum(dim=1)
+        differences = ones / n1 - (grand - ones) / n0
+        hits += (differences.abs() >= observed - 1e-12 * max(1.0, observed)).sum().item()
+    return (hits + 1) / (SAMPLES + 1)
 
 def subset_sums(values, k):
     """The sum of every choice of k of the values: C(len(values), k) sums, in no particular order. Built one value at a
@@ -189,14 +211,18 @@ def holm(ps):
 def verdict_words(diff, low, high, p, better, margin, primary=True):
     """The rule, written once. Below ALPHA, p decides: a primary row's p, corrected by Holm over its family, says which
     way: "helps" or "hurts" (a metric with a better way) and "raises" or "lowers" (geometry); an exploratory row's
-    p, uncorrected, says only "differs at uncorrected p=..., exploratory". Else "no difference larger than X" where
-    the interval lies inside [-X, X]; else "undecided"."""
+    p, uncorrected, says only "differs at uncorrected p=..., exploratory"; a decided row whose interval lies inside
+    [-X, X] adds "(decided, smaller than X)": its way is sure, its size below the margin. Else "no difference larger
+    than X" where the interval lies inside [-X, X]; else "undecided"."""
+    inside = low is not None and -margin <= low and high <= margin
     if p < ALPHA and not primary:
         return f"differs at uncorrected p={p:.3g}, exploratory"
     if p < ALPHA:
         if better is None:
-            return "raises" if diff > 0 else "lowers"
-        return "helps" if (diff > 0) == (better == "higher") else "hurts"
-    if low is not None and -margin <= low and high <= margin:
+            way = "raises" if diff > 0 else "lowers"
+        else:
+            way = "helps" if (diff > 0) == (better == "higher") else "hurts"
+        return f"{way} (decided, smaller than {margin:.4g})" if inside else way
+    if inside:
         return f"no difference larger than {margin:.4g}"
     return "undecided"

@@ -17,6 +17,7 @@ import torch
 import analyze
 import common
 import stats  # results/stats.py, beside this file
+import tuning  # results/tuning.py, beside this file
 
 # ---------------------------------------------------------------- constants
 # The verdict's sets, one per regime: the six-seed set trained on one machine kind, and the three-seed set it repeats,
@@ -63,6 +64,14 @@ GRAPH_CLAIM = "the attention graph matters to a Laplacian head"
 GRAPH_ROWS = [("val_acc", PAPER_VIT), ("val_bpb", "gpt"), ("within-sequence share", PAPER_VIT),
               ("within-sequence share", "gpt")]
 UNIFORM_SETS = {PAPER_VIT: "uniform_vit_cls_ls12", "gpt": "uniform_gpt"}
+# The fair verdict (results/PLAN.md, section of 7 December 2026). The tuned family: rows 1-20 again, each arm at the
+# factor of its learning rates that the search chose (tuning.py): an arm at factor 1 reads its regime's six_* set, an
+# arm at another factor its TUNED_SETS set. The mixed graph family: n_lap 2 of 4, the attention graph (MIXED_SETS'
+# first set) against the same with the Laplacian heads alone on the uniform graph (its second, --graph=lap_uniform)
+TUNED_SETS = {PAPER_VIT: "tuned_vit_cls_ls12", "gpt": "tuned_gpt", "dino": "tuned_dino"}
+MIXED_CLAIM = "the attention graph matters to Laplacian heads beside attention heads"
+MIXED_SETS = {PAPER_VIT: ("lap2_vit_cls_ls12", "lap2u_vit_cls_ls12"), "gpt": ("lap2_gpt", "lap2u_gpt")}
+MIXED_ROWS = GRAPH_ROWS  # the same metrics on the same recipes as rows 21-24
 AGAINST_N_LAP_0 = "n_lap 0"  # a primary row's `against` for the paper's claims: the same set's n_lap 0 runs
 # Per metric: (which way is better, the paper's way, the margin X of "no difference larger than X"). Better None:
 # geometry, which has no better way (its words are "raises" and "lowers"). X a number: absolute; "10%": a tenth of
@@ -152,6 +161,60 @@ def primary_family():
     rows = [(claim, metric, regime, AGAINST_N_LAP_0) for claim, metrics, regime, _ in CLAIMS for metric in metrics]
     return rows + [(GRAPH_CLAIM, metric, regime, UNIFORM_SETS[regime]) for metric, regime in GRAPH_ROWS]
 
+def tuned_family():
+    """The tuned family as results/PLAN.md's table lists it: rows 1-20 of the primary family on TUNED_SETS."""
+    return [(claim, metric, regime, against) for claim, metric, regime, against in primary_family()
+            if against == AGAINST_N_LAP_0]
+
+def mixed_family():
+    """The mixed graph family as results/PLAN.md's table lists it: (claim, metric, regime, against)."""
+    return [(MIXED_CLAIM, metric, regime, MIXED_SETS[regime][1]) for metric, regime in MIXED_ROWS]
+
+def tuned_arms(collected, root):
+    """{regime: (runs at n_lap 0, runs at n_lap 4, the factors, why)} of the tuned family: each arm's runs at the
+    factor the search chose (tuning.choices), from the six_* set at factor 1, else from TUNED_SETS; the runs are
+    None while the search or the tuned set is not complete."""
+    chosen = tuning.choices(root)
+    arms = {}
+    for regime, tuned in TUNED_SETS.items():
+        recipe = VERDICT_SETS[regime][0]
+        factors = [chosen[recipe, n_lap][0] for n_lap in ("0", "4")]
+        runs = []
+        for n_lap, factor in zip(("0", "4"), factors):
+            source = recipe if factor == "1" else tuned
+            found = at_n_lap(collected.get(source, []), n_lap) if factor else []
+            runs.append(found if len(found) == 12 else None)
+        why = "; ".join(f"n_lap {n}: {chosen[recipe, n][1]}" for n in ("0", "4"))
+        arms[regime] = (*runs, factors, why)
+    return arms
+
+def family_rows(pairs):
+    """Rows of one family from [(claim, metric, set, against, runs A, runs B)]: verdict_row, Holm over the rows
+    present, the detectable difference and the rule's words."""
+    rows = []
+    for claim, metric, name, against, runs_a, runs_b in pairs:
+        row = verdict_row(metric, runs_a, runs_b) if runs_a and runs_b else None
+        if row:
+            rows.append(dict(row, claim=claim, set=name, against=against))
+    for row, corrected in zip(rows, stats.holm([row["p"] for row in rows])):
+        row["holm"] = corrected
+        row["detectable"] = stats.detectable_difference(row["se"], row["df"], len(rows))
+        row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], corrected, row["better"], row["margin"])
+    return rows
+
+def fair_rows(collected, root):
+    """The tuned family's rows (each arm at its chosen factor) and the mixed graph family's (group A: the uniform graph
+    for the Laplacian heads, B: the attention graph, both at n_lap 2), each a family of its own."""
+    arms = tuned_arms(collected, root)
+    tuned = family_rows([(claim, metric, TUNED_SETS[regime], against, arms[regime][0], arms[regime][1])
+                         for claim, metric, regime, against in tuned_family()])
+    mixed = family_rows([(claim, metric, MIXED_SETS[regime][0], against, at_n_lap(collected.get(against, []), "2"),
+                          at_n_lap(collected.get(MIXED_SETS[regime][0], []), "2"))
+                         for claim, metric, regime, against in mixed_family()])
+    for row in mixed:
+        row["paper"] = "—"
+    return tuned, mixed, arms
+
 def verdict_rows(collected):
     """The verdict's rows (verdict_row): the primary family (primary_family) on verdict_sets, each row present where its
     sets are, with Holm's correction over the rows present and the smallest difference each detects with 80% power
@@ -217,7 +280,7 @@ def machine_seeds(pairs):  # "machine (seeds 0, 1, 2); ..." of (machine, seed) p
         seeds.setdefault(machine, set()).add(seed)
     return "; ".join(f"{machine} (seeds {', '.join(map(str, sorted(s)))})" for machine, s in sorted(seeds.items()))
 
-def verdict_lines(primary, exploratory, sets_line, figures):
+def verdict_lines(primary, exploratory, sets_line, figures, collected, chosen):
     """summary.md's verdict: the primary family's table and the exploratory rows' table, how they were computed, the
     rule, the margins, the oversmoothing claim, the reviewers' question."""
     lines = ["## Verdict: every claim of the paper, n_lap = 4 against n_lap = 0; the attention graph against the "
@@ -267,15 +330,16 @@ def verdict_lines(primary, exploratory, sets_line, figures):
               "token); the GPT's other shares and NC1 are of next-token classes; val_loss is val_bpb × ln 2 for "
               "these character-level runs (one byte per character), so only val_bpb is tested."]
     lines += oversmoothing_lines(primary)
+    lines += views_lines(collected, chosen)
     lines += graph_lines(primary)
     return lines + ["", "Figures: " + ", ".join(figures)]
 
-def verdict_table(rows, primary):
-    """The verdict's rows as a table: the claim, metric, set, (the primary family:) what it is compared against, the
-    machines, the means, the difference with its interval, p (the primary family: Holm's p and the detectable
-    difference), the paper's way, the margin X and the rule's words."""
+def verdict_table(rows, primary, b="set, n_lap = 4"):
+    """The verdict's rows as a table: the claim, metric, set, (a primary family:) what it is compared against, the
+    machines, the means, the difference with its interval, p (a primary family: Holm's p and the detectable
+    difference), the paper's way, the margin X and the rule's words. b: what group B is."""
     if primary:
-        header = ("| claim | metric | set | against | machine (seeds) | A: against | B: set, n_lap = 4 | "
+        header = (f"| claim | metric | set | against | machine (seeds) | A: against | B: {b} | "
                   "B − A [95% interval] | p | Holm p | detectable (80%) | paper | X | verdict |")
     else:
         header = ("| claim | metric | set | machine (seeds) | n_lap = 0 | n_lap = 4 | 4 − 0 [95% interval] | "
@@ -299,7 +363,7 @@ def oversmoothing_lines(rows):
     it holds where the within-sequence share is decided lower and the accuracy decided higher, is contradicted where
     either is decided the other way, and finds no gain where the share is lower and accuracy bounded."""
     rows = [r for r in rows if r.get("claim") != GRAPH_CLAIM]  # n_lap 4 against 0, not the graph against the uniform one
-    words = {(r["set"], r["metric"]): r["words"] for r in rows}
+    words = {(r["set"], r["metric"]): r["words"].split(" (decided")[0] for r in rows}  # the way alone
     sets = [r["set"] for r in rows if r["metric"] == "within-sequence share" and (r["set"], "val_acc") in words]
     lines = ["", "'Some oversmoothing is beneficial', read from two rows of the primary family (no comparison of its "
              "own): it holds where the within-sequence share is decided lower and val_acc decided higher; it is "
@@ -318,6 +382,40 @@ def oversmoothing_lines(rows):
             holds = "undecided"
         lines.append(f"| {name} | {share} | {acc} | {holds} |")
     return lines
+
+def views_lines(collected, chosen):
+    """summary.md: where the tokens are read. The within-sequence share is the within-sequence variance over the total;
+    per set of the paper's ViT regime and the GPT (where its analyses keep the variances), the within- and
+    between-sequence variance (total minus within) after
+    the last block (before the final norm) and at the final norm, n_lap 0 and 4, mean ± std over seeds, and in how many
+    seeds (paired by seed) n_lap 4's value is the larger. Descriptive: no test, no word of direction."""
+    lines = ["", "Where the tokens are read: the within-sequence share is within / (within + between). Per view, the "
+             "within- and between-sequence variance and the share, n_lap = 0 and 4, mean ± std over seeds; 'n_lap 4 "
+             "larger': in how many seeds (paired) the n_lap 4 run's value is the larger. Descriptive, no test.", "",
+             "| set | view | quantity | n_lap = 0 | n_lap = 4 | n_lap 4 larger |", "|---|---|---|---|---|---|"]
+    for regime in (PAPER_VIT, "gpt"):
+        if regime not in chosen:
+            continue
+        runs = {n: {r["seed"]: r["layerwise"]["anova"] for r in at_n_lap(collected[chosen[regime]], n)
+                    if "anova" in r["layerwise"]} for n in "04"}  # the GPT's analyses keep the shares alone
+        seeds = sorted(set(runs["0"]) & set(runs["4"]))
+        for view, index in (("after the last block (before the final norm)", -2), ("at the final norm", -1)):
+            for quantity in ("within-sequence variance", "between-sequence variance", "within-sequence share"):
+                v0 = [view_value(runs["0"][s][index], quantity) for s in seeds]
+                v4 = [view_value(runs["4"][s][index], quantity) for s in seeds]
+                if not seeds:
+                    continue
+                larger = sum(b > a for a, b in zip(v0, v4))
+                lines.append(f"| {chosen[regime]} | {view} | {quantity} | {stats.mean_std_text(stats.mean_std(v0))} | "
+                             f"{stats.mean_std_text(stats.mean_std(v4))} | {larger} of {len(seeds)} |")
+    return lines
+
+def view_value(anova, quantity):  # one quantity of views_lines from one layer's ANOVA
+    if quantity == "within-sequence variance":
+        return anova["within_seq_var"]
+    if quantity == "between-sequence variance":
+        return anova["total_var"] - anova["within_seq_var"]
+    return anova["within_seq_frac"]
 
 def graph_answer(primary):
     """The reviewers' question answered by results/PLAN.md's rule from the primary rows of GRAPH_CLAIM: "the graph
@@ -360,6 +458,41 @@ def verdict_sets_line(collected, chosen):  # summary.md: each regime's verdict s
     uniform = [name for name in UNIFORM_SETS.values() if name in collected]
     parts.append("uniform graph: " + (", ".join(uniform) or f"none of {', '.join(UNIFORM_SETS.values())} here"))
     return "Verdict sets (VERDICT_SETS in results/verdict.py): " + "; ".join(parts) + "."
+
+def fair_lines(tuned, mixed, arms, root):
+    """summary.md: the learning-rate search's table, the tuned family (or what it waits for) and the mixed graph
+    family with the answer to the reviewers' question by results/PLAN.md's rule."""
+    search = tuning.table_lines(root)
+    lines = ["", *search, ""] if search else [""]
+    lines += ["### The tuned family: rows 1-20, each arm at the factor of its learning rates that the search chose", "",
+              "results/PLAN.md (7 December 2026): an arm at factor 1 keeps its twelve-seed runs (six_*), an arm at "
+              "another factor trains seeds 0-11 at it (tuned_*); Holm's correction over the rows present, apart from "
+              "the first family. Arms per regime:", ""]
+    for regime, (runs0, runs4, factors, why) in arms.items():
+        state = "both at 1: the twelve-seed rows are the tuned rows" if factors == ["1", "1"] else (
+            "runs complete" if runs0 and runs4 else "waiting for runs")
+        lines.append(f"- {TUNED_SETS[regime]}: n_lap 0 × {factors[0] or '?'}, n_lap 4 × {factors[1] or '?'} "
+                     f"({why}); {state}.")
+    lines += [""] + (verdict_table(tuned, primary=True) if tuned else ["No row of the tuned family is complete yet."])
+    lines += ["", "### The mixed graph family: does a Laplacian head beside attention heads need its attention graph?", "",
+              "results/PLAN.md (7 December 2026): n_lap 2 of 4 heads Laplacian, group A with the Laplacian heads alone "
+              "on the uniform graph (--graph=lap_uniform: value minus the sequence's mean, the GPT's running mean; "
+              "the two attention heads keep softmax; no queries or keys for the Laplacian heads: the ViT 189,130 "
+              "parameters against 205,770, the GPT 742,400 against 807,936), group B on the attention graph; seeds "
+              "0-23 a side; Holm's correction over these rows alone.", ""]
+    lines += verdict_table(mixed, primary=True, b="set, n_lap = 2") if mixed else ["No row of it is here yet."]
+    return lines + ["", f"Answer: {mixed_answer(mixed)}."]
+
+def mixed_answer(rows):
+    """The reviewers' question where attention heads remain, by results/PLAN.md's rule: decided where a row is decided,
+    "not beyond X" where all four rows are here and bounded, else undecided."""
+    decided = [r for r in rows if r["holm"] < stats.ALPHA]
+    if decided:
+        said = ", ".join(f"{r['metric']} ({r['set']}: {r['words']})" for r in decided)
+        return f"a Laplacian head beside attention heads needs its attention graph: {said}"
+    if len(rows) == len(MIXED_ROWS) and all(r["words"].startswith("no difference larger than") for r in rows):
+        return "a Laplacian head beside attention heads does not need its attention graph beyond each row's X"
+    return "undecided" + ("" if len(rows) == len(MIXED_ROWS) else f" ({len(rows)} of {len(MIXED_ROWS)} rows here)")
 
 # ---------------------------------------------------------------- the verdict's figures
 

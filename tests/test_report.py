@@ -11,10 +11,12 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import analyze
 import report
 import stats
+import tuning
 import verdict
 from common import UsageError
 from conftest import ROOT, result
@@ -47,6 +49,25 @@ def test_permutation_p_exchanges_labels_only_within_a_machine():
     exact = sum(abs(sum(c) / 3 - (21 - sum(c)) / 3) >= 1 - 1e-9
                 for c in __import__("itertools").combinations(ones + twos, 3)) / 20
     assert stats.permutation_p([(v, "A") for v in ones], [(v, "A") for v in twos]) == pytest.approx(exact)
+
+
+def test_a_sampled_permutation_p_agrees_with_the_exact_one():
+    """Beyond EXACT_LIMIT relabelings permutation_p samples them: with the limit lowered to 0, 12 + 12 overlapping runs
+    on two machines give within sampling error (3 standard errors of 200,000 samples) the exact p, and so do 6 + 6
+    perfectly separated runs of one machine (2/924). 24 + 24 separated runs, sampled at the true limit: see
+    test_the_fair_verdict_reads_each_arm_at_its_chosen_factor."""
+    g = torch.Generator().manual_seed(1)
+    pairs0 = [(v, "M1" if i < 6 else "M2") for i, v in enumerate(torch.randn(12, generator=g).tolist())]
+    pairs1 = [(v + 0.5, "M1" if i < 6 else "M2") for i, v in enumerate(torch.randn(12, generator=g).tolist())]
+    exact = stats.permutation_p(pairs0, pairs1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stats, "EXACT_LIMIT", 0)
+        patch.setattr(stats, "SAMPLES", 200_000)
+        sampled = stats.permutation_p(pairs0, pairs1)
+        separated = stats.permutation_p([(i, "M1") for i in range(6)], [(10 + i, "M1") for i in range(6)])
+    for p, true in ((sampled, exact), (separated, 2 / 924)):
+        assert abs(p - true) < 3 * math.sqrt(true * (1 - true) / 200_000)
+    assert 0.001 < exact < 0.5  # a p that sampling could miss
 
 
 def enumerated_permutation_p(pairs0, pairs1):
@@ -171,6 +192,8 @@ def test_verdict_words_follow_the_rule():
     assert words(-0.1, -0.12, -0.08, 0.01, None, 0.02) == "lowers"
     assert words(+0.1, 0.08, 0.12, 0.01, None, 0.02) == "raises"
     assert words(+0.001, -0.003, 0.005, 0.2, "higher", 0.005) == "no difference larger than 0.005"
+    assert words(+0.003, 0.001, 0.005, 0.01, "lower", 0.005) == "hurts (decided, smaller than 0.005)"  # inside +-X
+    assert words(-0.3, -0.4, -0.2, 0.01, None, 0.4558) == "lowers (decided, smaller than 0.4558)"
     assert words(+0.002, -0.001, 0.006, 0.2, "higher", 0.005) == "undecided"  # reaches past X
     assert words(+0.01, 0.005, 0.015, 0.05, "higher", 0.005) == "undecided"  # 0.05 is not below 0.05
     assert words(+0.01, None, None, 0.5, "higher", 0.5) == "undecided"  # one seed: no interval
@@ -221,6 +244,103 @@ def test_the_primary_family_is_the_plans_table():
         assert paper in verdict.VERDICT_SETS and paper not in others and set(others) <= set(verdict.VERDICT_SETS)
 
 
+def plan_table(heading):
+    """The rows (#, claim, metric, set, against, X) of the table under results/PLAN.md's section `heading`."""
+    with open(os.path.join(ROOT, "results", "PLAN.md")) as f:
+        section = f.read().split(f"\n## {heading}")[1].split("\n## ")[0]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+
+
+def declared(family, set_of):  # a family's rows as a PLAN.md table writes them
+    rows = []
+    for number, (claim, metric, regime, against) in enumerate(family, 1):
+        margin = verdict.VERDICT_METRICS[metric][2]
+        rows.append([str(number), claim, metric, set_of(regime), against, margin if isinstance(margin, str) else f"{margin:g}"])
+    return rows
+
+
+def test_the_fair_verdicts_families_are_the_plans_tables():
+    """results/PLAN.md's section of 7 December, committed before its runs, lists the tuned family (rows 1-20 on the
+    tuned sets) and the mixed graph family (the attention graph against the Laplacian heads alone on the uniform graph,
+    at n_lap 2): verdict.tuned_family and verdict.mixed_family are those tables row for row."""
+    assert plan_table("The tuned family") == declared(verdict.tuned_family(), verdict.TUNED_SETS.get)
+    assert len(plan_table("The tuned family")) == 20
+    assert plan_table("The mixed graph family") == declared(verdict.mixed_family(), lambda g: verdict.MIXED_SETS[g][0])
+    assert len(plan_table("The mixed graph family")) == 4
+
+
+def trials(root, values, recipe="six_gpt", n_lap=0):
+    """Fake search trials under root/lr_search: values {factor: [value per seed, None = diverged]}, seeds 100, 101."""
+    for factor, per_seed in values.items():
+        for seed, value in zip((100, 101, 102), per_seed):
+            run = root / "lr_search" / f"{recipe}-x{factor}" / f"k{n_lap}-s{seed}"
+            run.mkdir(parents=True)
+            if value is None:
+                (run / "diverged.txt").write_text("non-finite loss")
+            else:
+                (run / "result.txt").write_text(f"RESULT n_lap={n_lap} seed={seed} {tuning.RECIPES[recipe][0]}={value}\n")
+
+
+def test_the_learning_rate_choice_follows_the_plans_rule(tmp_path):
+    """The GPT's n_lap 0 arm (bits per byte: lower is better), seeds 100 and 101. A missing seed waits; the best mean
+    wins; a tie goes to the factor nearer 1; a diverged run is never chosen; a best at an edge waits for the extension
+    and is then chosen again over the six factors."""
+    def chosen(values):
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        trials(root, values)
+        return tuning.choices(str(root))["six_gpt", "0"]
+    grid = {"0.5": [2.30, 2.31], "0.71": [2.28, 2.29], "1": [2.27, 2.28], "1.41": [2.26, 2.27], "2": [2.29, 2.30]}
+    assert chosen(grid) == ("1.41", "inside the grid")
+    assert chosen(dict(grid, **{"2": [2.29]}))[0] is None  # seed 101 of factor 2 missing
+    assert chosen(dict(grid, **{"1.41": [2.27, 2.28]})) == ("1", "inside the grid")  # tie with 1
+    assert chosen(dict(grid, **{"1": [2.26, 2.27], "1.41": [None, 2.0]})) == ("1", "inside the grid")
+    edge = dict(grid, **{"2": [2.20, 2.21]})
+    assert chosen(edge) == (None, "2 is at the edge: waiting for factor 2.83")
+    assert chosen(dict(edge, **{"2.83": [2.25, 2.25]})) == ("2", "2 at the edge; grid extended to 2.83")
+    assert chosen(dict(edge, **{"2.83": [2.1, 2.1]})) == ("2.83", "2 at the edge; grid extended to 2.83, still at the edge")
+    lines = tuning.table_lines(str(tmp_path / "0"))
+    assert "| six_gpt | val_bpb (lower) | 0 | 2.3050 (2) | 2.2850 (2) | 2.2750 (2) | 2.2650 (2) | 2.2950 (2) | 1.41 " in (
+        "\n".join(lines))
+
+
+def test_the_fair_verdict_reads_each_arm_at_its_chosen_factor(tmp_path, monkeypatch):
+    """The tuned family on twelve_seeds: the GPT's n_lap 4 arm chose 0.71 and its tuned runs are 0.2 lower than the
+    six_gpt ones, every other arm chose 1; so the GPT's rows compare six_gpt's n_lap 0 runs with tuned_gpt's n_lap 4
+    runs and the other rows are the first family's numbers, with Holm over 20 rows. The mixed graph family: lap2u runs
+    0.05 below the lap2 runs of their seed (24 a side, one machine: C(48, 24) = 3.2e13 relabelings, sampled): no
+    sampled relabeling reaches the observed difference, p = 1 / (samples + 1), every row decided."""
+    monkeypatch.setattr(stats, "SAMPLES", 20_000)
+    collected = twelve_seeds()
+    collected["tuned_gpt"] = [collected_run("gpt", "tuned_gpt", 4, seed, "M2", -0.1 + 0.001 * (seed % 6))
+                              for seed in range(12)]
+    for recipe in tuning.RECIPES:
+        for n_lap in (0, 4):
+            best = "0.71" if (recipe, n_lap) == ("six_gpt", 4) else "1"
+            values = {f: [0.5 if f == best else 0.6] * 3 for f in tuning.GRID}
+            if recipe != "six_gpt":  # higher is better
+                values = {f: [1 - v for v in vs] for f, vs in values.items()}
+            trials(tmp_path, values, recipe, n_lap)
+    for kind, (attention, uniform) in (("vit", verdict.MIXED_SETS["vit_cls_ls"]), ("gpt", verdict.MIXED_SETS["gpt"])):
+        collected[attention] = [collected_run(kind, attention, 2, seed, "M3", 0.001 * seed) for seed in range(24)]
+        collected[uniform] = [collected_run(kind, uniform, 2, seed, "M3", 0.001 * seed - 0.05) for seed in range(24)]
+    tuned, mixed, arms = verdict.fair_rows(collected, str(tmp_path))
+    assert arms["gpt"][2] == ["1", "0.71"] and arms["vit_cls_ls"][2] == arms["dino"][2] == ["1", "1"]
+    assert len(tuned) == 20
+    bpb = next(r for r in tuned if r["metric"] == "val_bpb")
+    assert bpb["set"] == "tuned_gpt" and bpb["diff"] == pytest.approx(-0.1) and bpb["words"] == "helps"
+    acc = next(r for r in tuned if r["metric"] == "val_acc")
+    assert acc["diff"] == pytest.approx(0.1) and acc["holm"] == pytest.approx(20 * 2 / 924 ** 2)
+    assert [r["set"] for r in mixed] == ["lap2_vit_cls_ls12", "lap2_gpt", "lap2_vit_cls_ls12", "lap2_gpt"]
+    assert all(r["p"] == r["floor"] == 1 / 20_001 for r in mixed)
+    assert [r["words"] for r in mixed] == ["helps", "hurts", "lowers", "lowers"]  # every metric 0.05 higher on attention
+    answer = verdict.mixed_answer(mixed)
+    assert answer.startswith("a Laplacian head beside attention heads needs its attention graph: val_acc")
+    lines = verdict.fair_lines(tuned, mixed, arms, str(tmp_path))
+    assert "- tuned_gpt: n_lap 0 × 1, n_lap 4 × 0.71 (n_lap 0: inside the grid; n_lap 4: inside the grid); runs complete." in lines
+    assert lines[-1] == f"Answer: {answer}."
+
+
 def test_verdict_rows_from_run_folders(tmp_path):
     """The verdict on fake ViT runs: vit_cls_ls12 (3 + 3 seeds) stands in until six_vit_cls_ls12 is there (6 + 6 seeds,
     one machine), the paper's regime, whose rows are the primary family; six_vit_default's (mean pooling) are
@@ -268,7 +388,7 @@ def test_verdict_rows_from_run_folders(tmp_path):
     assert explored["val_acc"]["words"] == "differs at uncorrected p=0.00216, exploratory"
     assert explored["NC1"]["words"] == "differs at uncorrected p=0.0108, exploratory"
     assert explored["cosine, last block"]["words"] == "no difference larger than 0.02"
-    lines = verdict.verdict_lines(primary, exploratory, "sets", [])
+    lines = verdict.verdict_lines(primary, exploratory, "sets", [], {}, {})
     assert "m = 7 rows, decided by Holm's correction over these 7 alone:" in lines[4]
     assert sum(line.startswith("| claim |") for line in lines) == 2
     assert "| p | Holm p |" in lines[6] and "| p (uncorrected) |" in lines[6 + 2 + 7 + 3]
@@ -357,7 +477,7 @@ def test_the_verdict_at_twelve_seeds_on_two_machines():
     assert graph[0]["machines"] == ("A: M2 (seeds 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11); "
                                     "B: M1 (seeds 0, 1, 2, 3, 4, 5); M2 (seeds 6, 7, 8, 9, 10, 11)")
     assert verdict.graph_answer(primary) == "the graph does not matter beyond X"
-    lines = verdict.verdict_lines(primary, exploratory, "sets", [])
+    lines = verdict.verdict_lines(primary, exploratory, "sets", [], {}, {})
     assert "m = 24 rows, decided by Holm's correction over these 24 alone:" in lines[4]
     assert sum(line.startswith("| the attention graph matters") for line in lines) == 4
     assert lines[-3] == "Answer: the graph does not matter beyond X."
