@@ -23,9 +23,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-import analyze  # noqa: E402
 import common  # noqa: E402
 import configurator  # noqa: E402
+import figures  # noqa: E402
+import geometry  # noqa: E402
 import stats  # noqa: E402  (results/stats.py, beside this file)
 import verdict  # noqa: E402  (results/verdict.py, beside this file)
 from common import UsageError  # noqa: E402
@@ -72,7 +73,7 @@ def one_corpus(results, name):
 
 def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [(label, [{"mean", "std"} per x])]
     # ax: a panel of a larger figure, not saved here
-    fig, ax = (ax.figure, ax) if ax else analyze.pyplot().subplots(figsize=(5, 3.6))
+    fig, ax = (ax.figure, ax) if ax else figures.pyplot().subplots(figsize=(5, 3.6))
     for (label, points), fmt in zip(series, ("o-", "s--", "^:", "d-.", "v-", "x--") * len(series)):
         pts = [(x, s) for x, s in zip(xs, points) if s["mean"] is not None]
         ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], yerr=[s["std"] for _, s in pts], fmt=fmt,
@@ -82,12 +83,12 @@ def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [
     if len(series) > 1:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return path and analyze.save_figure(fig, path)
+    return path and figures.save_figure(fig, path)
 
 def fig_head_means(table, color, title, path):
     """compare()'s per-head figure: per block, the mean rho of the Laplacian heads (solid) and of the attention heads
     (dashed) of each n_lap group, mean +- std over its seeds."""
-    fig, ax = analyze.pyplot().subplots(figsize=(5.6, 3.8))
+    fig, ax = figures.pyplot().subplots(figsize=(5.6, 3.8))
     for row in table:
         for kind, style in (("laplacian", "o-"), ("attention", "s--")):
             per_block = list(zip(*[m[kind] for m in row["head_means"]]))  # blocks x seeds
@@ -100,7 +101,7 @@ def fig_head_means(table, color, title, path):
     ax.set(xlabel="block", ylabel="mean first-order change $\\rho$\n(negative: the heads smooth)", title=title)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    return analyze.save_figure(fig, path)
+    return figures.save_figure(fig, path)
 
 def _point(comparison, point, key):  # mean +- std of `key` in the group at point (x, label); mean None: no point there
     found = [g for g in comparison["groups"] if (g["n_lap_mean"], g["n_lap"]) == point]
@@ -113,7 +114,7 @@ def fig_headline(sets, path):
     labelled with their epochs; a second set of the same recipe and length (vit_amd: the same runs on another
     machine) and sets of other recipes (vit_cls, dino_scenes) are left out."""
     kinds = [k for k in END_METRICS if any(c["kind"] == k for c in sets.values())]
-    fig, axes = analyze.pyplot().subplots(2, len(kinds), figsize=(4.8 * len(kinds), 7.4), squeeze=False)
+    fig, axes = figures.pyplot().subplots(2, len(kinds), figsize=(4.8 * len(kinds), 7.4), squeeze=False)
     for kind, col in zip(kinds, axes.T):
         same = [c for c in sets.values() if c["kind"] == kind]
         same = [c for c in same if set(differing_settings([same[0]["config"], c["config"]])) <= {"epochs"}]  # one recipe
@@ -130,7 +131,7 @@ def fig_headline(sets, path):
         for ax, (key, what) in zip(col, [(head, f"{head} ({better} is better)"), share]):
             series = [(c["label"] if len(same) > 1 else None, [_point(c, p, key) for p in points]) for c in same]
             fig_errorbars(*zip(*points), series, what, f"{kind}: {what}\n({bars})", None, ax)
-    return analyze.save_figure(fig, path)
+    return figures.save_figure(fig, path)
 
 # ---------------------------------------------------------------- comparisons of several runs, and the sweep's report
 
@@ -147,15 +148,15 @@ def compare(results, out_dir, prefix, name):
     xs = [g[0]["n_lap_mean"] for g in groups.values()]
     xs = xs if len(set(xs)) == len(xs) else list(range(len(order)))  # two lists with one mean: side by side
     n_head = max(r["n_head"] for r in results)
-    color = {k: analyze.pyplot().cm.viridis(groups[k][0]["n_lap_mean"] / n_head * 0.9) for k in order}
-    metric, better = analyze.FINAL_METRIC[kind]
-    parts = [k for k in analyze.FRACS if k in results[0]["anova"]]
+    color = {k: figures.pyplot().cm.viridis(groups[k][0]["n_lap_mean"] / n_head * 0.9) for k in order}
+    metric, better = geometry.FINAL_METRIC[kind]
+    parts = [k for k in geometry.FRACS if k in results[0]["anova"]]
     table = [{"n_lap": k, "n_lap_mean": g[0]["n_lap_mean"], "runs": [r["run"] for r in g],
               "seeds": [r["seed"] for r in g], metric: stats.mean_std(r["final_metric"]["value"] for r in g),
               **{key: stats.mean_std((r["anova"] if key in r["anova"] else r["spectrum"])[key] for r in g)
-                 for key in parts + [f"k_{a}" for a in analyze.ALPHAS]},
+                 for key in parts + [f"k_{a}" for a in geometry.ALPHAS]},
               "values": {m: [r["metrics"][m] for r in g if r["metrics"][m] is not None] for m in g[0]["metrics"]},
-              "head_means": [analyze.head_means(r["heads"]) for r in g if "heads" in r],
+              "head_means": [geometry.head_means(r["heads"]) for r in g if "heads" in r],
               "heads": [r["heads"] for r in g if "heads" in r and all("exact" in l for l in r["heads"]["layers"])],
               "machines": [r.get("machine", "unrecorded") for r in g], "run_metrics": [r["metrics"] for r in g],
               "run_views": [_run_views(r) for r in g]}
@@ -167,15 +168,15 @@ def compare(results, out_dir, prefix, name):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     figs = [fig_errorbars(xs, order, [(None, [row[metric] for row in table])], f"final {metric} ({better} is better)",
                           f"{name}: {metric} vs n_lap{bars}", path + "metric.png"),
-            analyze.fig_anova([{k: row[k]["mean"] for k in parts} for row in table], order, parts,
+            figures.fig_anova([{k: row[k]["mean"] for k in parts} for row in table], order, parts,
                               f"{name}: ANOVA, {where}" + (", next-token classes" if kind == "gpt" else ""),
                               "Laplacian heads per layer", path + "anova.png"),
-            fig_errorbars(xs, order, [(f"$k_{{{a}}}$", [row[f"k_{a}"] for row in table]) for a in analyze.ALPHAS],
+            fig_errorbars(xs, order, [(f"$k_{{{a}}}$", [row[f"k_{a}"] for row in table]) for a in geometry.ALPHAS],
                           "principal components needed", f"{name}: k_alpha of within-sequence centred tokens{bars}",
                           path + "kalpha.png"),
-            analyze.fig_spectrum([(f"n_lap={k}", color[k], _mean_curve([r["spectrum"]["lambda_mean"] for r in g]))
+            figures.fig_spectrum([(f"n_lap={k}", color[k], _mean_curve([r["spectrum"]["lambda_mean"] for r in g]))
                           for k, g in groups.items()], f"{name}: mean spectra", path + "spectra.png"),
-            analyze.fig_collapse(curves, max((r["layerwise"]["layer"] for r in results), key=len),
+            figures.fig_collapse(curves, max((r["layerwise"]["layer"] for r in results), key=len),
                          f"{name}: layerwise within-sequence collapse", path + "collapse.png")]
     with_heads = [row for row in table if row["head_means"]]  # runs analysed before the per-head pass have none
     if with_heads:
@@ -189,12 +190,12 @@ def compare(results, out_dir, prefix, name):
 
 def run_metrics(a, result, a_all=None):
     """What a comparison tabulates of a run, from its analysis a, its RESULT line's values and (ViT, DINO) optionally
-    the analysis a_all of all its tokens: the end metrics (END_METRICS; analyze.FINAL_METRIC's from log.jsonl where
+    the analysis a_all of all its tokens: the end metrics (END_METRICS; geometry.FINAL_METRIC's from log.jsonl where
     result lacks it), the ANOVA fractions (at the analysed layer) of the patch tokens (GPT: of next-token classes) and of all
     tokens (with CLS), the within-sequence share after the last block, NC1 (ViT: of the pooled features), k_0.99; the
     absolute within- and between-sequence parts after the last block and the within-sequence share under the other
-    views (AnovaViews); the mean rho of the Laplacian and of the attention heads over blocks. None where the analysis
-    predates a quantity."""
+    views (analyze.py's AnovaViews); the mean rho of the Laplacian and of the attention heads over blocks. None where
+    the analysis predates a quantity."""
     fm = a["final_metric"]
     nc = a.get("nc", {})
     kind = a["kind"]
@@ -203,7 +204,7 @@ def run_metrics(a, result, a_all=None):
     cls = "CLS" in a["settings"].get("tokens", "")  # a itself is of all tokens (--tokens=all)
     sources = [("next-token", a)] if kind == "gpt" else [("patch", None if cls else a), ("all", a if cls else a_all)]
     for label, b in sources:
-        fracs = analyze.FRACS[1:] if kind == "gpt" else analyze.FRACS[::2]
+        fracs = geometry.FRACS[1:] if kind == "gpt" else geometry.FRACS[::2]
         m.update({f"{f[:-5]} ({label})": b and b["anova"].get(f) for f in fracs})
     m.update({"within_seq after last block": a["layerwise"]["within_seq_frac"][-2],  # [-1]: the final norm
               "nc1": nc.get("nc1", nc.get("pooled", {}).get("nc1")), "k_0.99": a["spectrum"]["k_0.99"]})
@@ -213,7 +214,7 @@ def run_metrics(a, result, a_all=None):
     m["between_seq_var (last block)"] = last["total_var"] - last["within_seq_var"] if last else None
     for name in ("norm_without_affine", "classifier_rows", "classifier_complement"):
         m[f"within_seq ({name.replace('_', ' ')})"] = views.get(name, {}).get("within_seq_frac")
-    means = analyze.head_means(a["heads"]) if "heads" in a else {"laplacian": [], "attention": []}
+    means = geometry.head_means(a["heads"]) if "heads" in a else {"laplacian": [], "attention": []}
     for kind, per_block in means.items():
         rhos = [r for r in per_block if r is not None]
         m[f"rho of {kind} heads (mean)"] = sum(rhos) / len(rhos) if rhos else None
@@ -244,7 +245,7 @@ def compare_summary(comparisons, intro, verdict_text=()):
                 sign = "+" if diff > 0 else "−" if diff < 0 else "0"
                 separated = "n/a (one run)" if apart is None else "yes" if apart else "no"
                 p = stats.permutation_p(_machine_pairs(g0, k), _machine_pairs(g1, k))
-                lines.append(f"| {k} | {diff:+.4g} | {analyze.fmt(se, '.2g')} | {sign} | {separated} | {p:.3g} |")
+                lines.append(f"| {k} | {diff:+.4g} | {figures.fmt(se, '.2g')} | {sign} | {separated} | {p:.3g} |")
             n0, n1 = len(g0["runs"]), len(g1["runs"])
             lines += ["", f"difference = mean(n_lap = {g1['n_lap']}) − mean(n_lap = 0); std. error = sqrt(s0²/n0 + "
                       "s1²/n1), s the unbiased std (n/a with one seed); separated = yes when every seed of one group "
@@ -389,7 +390,7 @@ def write_report(root, dest, command):
     """The sweep's report: compare() of each set of root/<set>/<run>/ (figures in dest/figures/<set>/), summary.md and
     the headline figure, from the saved artefacts alone; its intro names the command that made it."""
     collected, sets = collect_runs(root), {}
-    analyze.writable_out(dest)
+    figures.writable_out(dest)
     for name, runs in collected.items():
         cfg = runs[0]["train_config"]
         sets[name] = dict(compare(runs, dest, os.path.join("figures", name, ""), name), config=cfg,
@@ -425,7 +426,7 @@ def compare_runs(results, out):
     intro = ("End metrics from each run's result.txt (else its log.jsonl), the rest from its analysis; mean ± std "
              "(unbiased) over seeds. Per-run analyses (analysis.json, summary.md, figures): "
              + ", ".join(f"{os.path.basename(os.path.normpath(r['run']))}/" for r in results) + ".")
-    analyze.write_outputs({"runs": results, "comparisons": comparisons}, compare_summary(comparisons, intro), out)
+    figures.write_outputs({"runs": results, "comparisons": comparisons}, compare_summary(comparisons, intro), out)
     print(f"wrote {out}: analysis.json, summary.md, " + ", ".join(f for c in comparisons for f in c["figures"]))
     return comparisons
 
@@ -436,7 +437,7 @@ def analysed_runs(folders):
         paths = [p for p in (os.path.join(folder, common.ANALYSIS), os.path.join(folder, "analysis", common.ANALYSIS))
                  if os.path.isfile(p)]
         analysis = _read_json(*os.path.split(paths[0])) if paths else None
-        if not analysis or analysis.get("kind") not in analyze.FINAL_METRIC:
+        if not analysis or analysis.get("kind") not in geometry.FINAL_METRIC:
             raise UsageError(f"{folder}: no analysis.json of a run here (nor in {folder}/analysis/); analyse the run "
                              f"first: python analyze.py {folder}")
         found.append(analysis)
@@ -447,7 +448,7 @@ if __name__ == "__main__":
     folders = [a for a in sys.argv[1:] if not a.startswith("-")]
     if folders:  # compare analysed runs
         parent = os.path.commonpath([os.path.abspath(f) for f in folders])
-        dest = analyze.writable_out(out or (os.path.join(parent, "compare") if parent != os.getcwd() else "out-compare"))
+        dest = figures.writable_out(out or (os.path.join(parent, "compare") if parent != os.getcwd() else "out-compare"))
         comparisons = compare_runs(analysed_runs(folders), dest)
         kinds = ",".join(c["kind"] for c in comparisons) or "none"
         common.write_result(dest, runs=len(folders), out=dest, comparisons=kinds)

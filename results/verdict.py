@@ -14,8 +14,9 @@ import os
 
 import torch
 
-import analyze
 import common
+import figures
+import geometry
 import stats  # results/stats.py, beside this file
 import tuning  # results/tuning.py, beside this file
 
@@ -135,7 +136,7 @@ def verdict_metrics(r):
                       ("NC3", "nc3"), ("NC4", "nc4")):
         values[name] = pooled.get(key)
     values["ETF vertex distance"] = ((r.get("etf") or {}).get("pooled") or {}).get("vertex_dist")
-    for a in analyze.ALPHAS:
+    for a in geometry.ALPHAS:
         values[f"k_{a}"] = r["spectrum"].get(f"k_{a}")
     return values
 
@@ -349,7 +350,7 @@ def verdict_table(rows, primary, b="set, n_lap = 4"):
     for r in rows:
         interval = "n/a" if r["low"] is None else f"[{r['low']:+.4g}, {r['high']:+.4g}]"
         against = f" {r['against']} |" if primary else ""
-        p = f"{r['p']:.3g} | {r['holm']:.3g} | {analyze.fmt(r['detectable'], '.3g')}" if primary else f"{r['p']:.3g}"
+        p = f"{r['p']:.3g} | {r['holm']:.3g} | {figures.fmt(r['detectable'], '.3g')}" if primary else f"{r['p']:.3g}"
         lines.append(f"| {r['claim']} | {r['metric']} | {r['set']} |{against} {r['machines']} | "
                      f"{stats.mean_std_text(r['mean0'])} | {stats.mean_std_text(r['mean1'])} | {r['diff']:+.4g} "
                      f"{interval} | {p} | {r['paper']} | {r['margin']:.4g} | {r['words']} |")
@@ -536,9 +537,9 @@ def fig_etf_means(panels, path):
     reads (dots) and the three classifier rows (crosses) in the plane of those rows (analysis.json's "etf"), each in
     units of its mean radius, with the triangle where Neural Collapse puts them. The means alone cannot show the
     spread around them: the titles give the vertex distance (the points' mean distance to their vertex, in radii)."""
-    plt = analyze.pyplot()
+    plt = figures.pyplot()
     fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels), 7.2), squeeze=False)
-    triangle = analyze.TRIANGLE.T
+    triangle = geometry.TRIANGLE.T
     for column, (name, groups) in zip(axes.T, panels):
         for ax, (n_lap, runs) in zip(column, groups):
             ax.fill(triangle[:, 0], triangle[:, 1], fill=False, ls="--", color="gray", lw=1)
@@ -556,14 +557,14 @@ def fig_etf_means(panels, path):
     handles, labels = axes[0, 0].get_legend_handles_labels()
     axes[0, 0].legend(handles[:3], labels[:3], fontsize=7)  # the three classes, once
     fig.suptitle("ETF: each seed's class means (dots) and classifier rows (crosses), in radii\n"
-                 f"{analyze.LOOK_FOR['etf']}", fontsize=8)
-    return analyze.save_figure(fig, path)
+                 f"{figures.LOOK_FOR['etf']}", fontsize=8)
+    return figures.save_figure(fig, path)
 
 def fig_pca_spectra(panels, paradigm, path):
     """Per set (panels), n_lap 0 against 4: the share of a sequence's variance outside its top j principal directions
     (its within-sequence PCA, analysis.json's mean spectrum), mean over seeds, on a log scale; k_0.9 and k_0.99 are
     read where a sequence's curve crosses 0.1 and 0.01 (they average per-sequence k, the curve is of the mean)."""
-    plt = analyze.pyplot()
+    plt = figures.pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(max(6.0, 4.4 * len(panels)), 3.8), squeeze=False)
     for ax, (name, groups) in zip(axes[0], panels):
         for (n_lap, runs), style in zip(groups, ("o-", "s--")):
@@ -582,12 +583,12 @@ def fig_pca_spectra(panels, paradigm, path):
                ylabel="share of its variance outside them")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{paradigm}: within-sequence PCA, mean over seeds\n{analyze.LOOK_FOR['spectrum']}", fontsize=8)
-    return analyze.save_figure(fig, path)
+    fig.suptitle(f"{paradigm}: within-sequence PCA, mean over seeds\n{figures.LOOK_FOR['spectrum']}", fontsize=8)
+    return figures.save_figure(fig, path)
 
 def fig_stack(paths, path):
     """PNG figures of one width one above the other, pixel for pixel."""
-    plt = analyze.pyplot()
+    plt = figures.pyplot()
     pixels = torch.cat([torch.from_numpy(plt.imread(p)) for p in paths])  # floats k / 255
     plt.imsave(path, pixels.mul(255).round().to(torch.uint8).numpy())
     return os.path.basename(path)

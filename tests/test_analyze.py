@@ -21,6 +21,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import analyze  # noqa: E402
+import figures  # noqa: E402
+import geometry  # noqa: E402
 import report  # noqa: E402
 from common import UsageError, save_checkpoint  # noqa: E402
 from conftest import randomise, result  # noqa: E402
@@ -60,27 +62,27 @@ def run_analyze(*argv):
 def test_anova_hand_built_cases():
     g = torch.Generator().manual_seed(0)
     h, y = torch.randn(12, 5, 4, generator=g), torch.arange(12) % 3
-    a = analyze.anova(h, y)
+    a = geometry.anova(h, y)
     assert close(sum(a[k] for k in FRACS), 1.0)
     # identical tokens inside each sequence: nothing varies within a sequence
     same = torch.randn(12, 1, 4, generator=g).expand(12, 5, 4)
-    a = analyze.anova(same, y)
+    a = geometry.anova(same, y)
     assert a["within_seq_frac"] == pytest.approx(0, abs=1e-12) and close(sum(a[k] for k in FRACS), 1.0)
     # every sequence mean equals its class mean: no within-class spread
     class_mean = torch.randn(3, 4, generator=g)
     noise = torch.randn(12, 5, 4, generator=g)
     h2 = class_mean[y][:, None] + noise - noise.mean(1, keepdim=True)
-    a = analyze.anova(h2, y)
+    a = geometry.anova(h2, y)
     assert a["within_class_frac"] == pytest.approx(0, abs=1e-12) and a["within_seq_frac"] > 0.1
     # all classes share one mean: the two sequences of each class have means +m and -m
     m = torch.randn(3, 4, generator=g)
     seq_means = torch.stack([m, -m], 1).reshape(6, 4)  # (6, d): +m0, -m0, +m1, -m1, +m2, -m2
     noise = torch.randn(6, 5, 4, generator=g)
-    a = analyze.anova(seq_means[:, None] + noise - noise.mean(1, keepdim=True), torch.arange(6) // 2)
+    a = geometry.anova(seq_means[:, None] + noise - noise.mean(1, keepdim=True), torch.arange(6) // 2)
     assert a["between_class_frac"] == pytest.approx(0, abs=1e-12) and a["within_class_frac"] > 0.1
     # a 1-d example by hand: class 0 = sequences (0, 2) and (2, 4), class 1 = (10, 10) and (14, 14); mu_G = 7
     h4 = torch.tensor([[0.0, 2], [2, 4], [10, 10], [14, 14]])[..., None]
-    a = analyze.anova(h4, torch.tensor([0, 0, 1, 1]))
+    a = geometry.anova(h4, torch.tensor([0, 0, 1, 1]))
     total = ((h4 - 7) ** 2).mean().item()  # (49 + 25 + 25 + 9 + 9 + 9 + 49 + 49) / 8 = 28
     assert a["within_seq_var"] == pytest.approx(0.5)  # |t - mu_i| = 1 for the first two, 0 after
     assert a["within_class_var"] == pytest.approx(2.5)  # means 1, 3 around 2; 10, 14 around 12
@@ -91,8 +93,8 @@ def test_anova_hand_built_cases():
 def test_anova_streaming_equals_in_memory():
     g = torch.Generator().manual_seed(1)
     h, y = torch.randn(37, 9, 6, generator=g) * 3 + 100, torch.randint(0, 5, (37,), generator=g)  # large offset
-    ref = analyze.anova(h, y)
-    acc = analyze.AnovaStats(7)  # more classes than present: absent ones are ignored
+    ref = geometry.anova(h, y)
+    acc = geometry.AnovaStats(7)  # more classes than present: absent ones are ignored
     for i in range(0, 37, 10):
         acc.update(h[i: i + 10], y[i: i + 10])
     got = acc.result()
@@ -104,13 +106,13 @@ def test_class_anova_and_class_stats_streaming():
     g = torch.Generator().manual_seed(2)
     x, y = torch.randn(200, 7, generator=g) + 5, torch.randint(0, 6, (200,), generator=g)
     W, b = torch.randn(6, 7, generator=g), torch.randn(6, generator=g)
-    ref_anova, ref_nc = analyze.class_anova(x, y), analyze.neural_collapse(x, y, W, b)
+    ref_anova, ref_nc = geometry.class_anova(x, y), geometry.neural_collapse(x, y, W, b)
     assert close(ref_anova["within_class_frac"] + ref_anova["between_class_frac"], 1.0)
     # by hand: the class means and the global mean, from the samples
     mu = torch.stack([x[y == c].double().mean(0) for c in range(6)])
     assert close(ref_anova["within_class_var"], (x.double() - mu[y]).square().sum(1).mean().item())
     assert close(ref_anova["between_class_var"], (mu[y] - x.double().mean(0)).square().sum(1).mean().item())
-    acc = analyze.ClassStats(6)
+    acc = geometry.ClassStats(6)
     for i in range(0, 200, 33):
         acc.update(x[i: i + 33], y[i: i + 33])
     acc.update(x[:0], y[:0])  # an empty batch (no position of a window has a frequent target) changes nothing
@@ -129,49 +131,49 @@ def test_class_anova_and_class_stats_streaming():
 def test_seq_cosine():
     g = torch.Generator().manual_seed(3)
     same = torch.randn(3, 1, 5, generator=g).expand(3, 4, 5)
-    assert torch.allclose(analyze.seq_cosine(same), torch.ones(3, dtype=torch.float64))
+    assert torch.allclose(geometry.seq_cosine(same), torch.ones(3, dtype=torch.float64))
     ortho = torch.eye(4)[None].repeat(2, 1, 1)
-    assert torch.allclose(analyze.seq_cosine(ortho), torch.zeros(2, dtype=torch.float64))
+    assert torch.allclose(geometry.seq_cosine(ortho), torch.zeros(2, dtype=torch.float64))
     h = torch.randn(4, 6, 3, generator=g)
     u = torch.nn.functional.normalize(h.double(), dim=-1)
     cos = u @ u.transpose(1, 2)
     ref = (cos.sum((1, 2)) - cos.diagonal(dim1=1, dim2=2).sum(-1)) / 30
-    assert torch.allclose(analyze.seq_cosine(h), ref)
+    assert torch.allclose(geometry.seq_cosine(h), ref)
 
 
 def test_k_alpha_hand_and_rank():
     lam = torch.tensor([[4.0, 3, 2, 1], [1, 0, 0, 0]])
-    assert analyze.k_alpha(lam, 0.5).tolist() == [2, 1]
-    assert analyze.k_alpha(lam, 0.9).tolist() == [3, 1]  # 0.4, 0.7, 0.9 reaches 0.9 exactly
-    assert analyze.k_alpha(lam, 0.99).tolist() == [4, 1]
+    assert geometry.k_alpha(lam, 0.5).tolist() == [2, 1]
+    assert geometry.k_alpha(lam, 0.9).tolist() == [3, 1]  # 0.4, 0.7, 0.9 reaches 0.9 exactly
+    assert geometry.k_alpha(lam, 0.99).tolist() == [4, 1]
     g = torch.Generator().manual_seed(4)
     for r in (1, 3, 5):  # rank-r centred tokens: k_alpha <= r for every alpha, and lambda_j = 0 beyond r
         h = torch.randn(8, 20, r, generator=g) @ torch.randn(r, 16, generator=g) + torch.randn(8, 1, 16, generator=g)
-        lam = analyze.seq_spectrum(h)
+        lam = geometry.seq_spectrum(h)
         assert lam.shape == (8, 16)
         assert (lam[:, r:] < 1e-8 * lam[:, :1]).all()
         for a in (0.5, 0.9, 0.99, 1.0):
-            assert (analyze.k_alpha(lam, a) <= r).all()
-        assert (analyze.k_alpha(lam, 1.0) == r).all()
+            assert (geometry.k_alpha(lam, a) <= r).all()
+        assert (geometry.k_alpha(lam, 1.0) == r).all()
     # the eigenvalues are those of X~^T X~, whichever Gram matrix is used (T > d here, T < d above)
     h = torch.randn(2, 7, 5, generator=g, dtype=torch.float64)
     xc = h - h.mean(1, keepdim=True)
     ref = torch.linalg.eigvalsh(xc.transpose(1, 2) @ xc).flip(-1)
-    assert torch.allclose(analyze.seq_spectrum(h), ref, atol=1e-10)
+    assert torch.allclose(geometry.seq_spectrum(h), ref, atol=1e-10)
 
 
 def test_spectrum_streaming_equals_in_memory():
     g = torch.Generator().manual_seed(5)
     h = torch.randn(23, 10, 6, generator=g) * torch.linspace(3, 0.1, 6)
-    acc = analyze.SpectrumStats()
+    acc = geometry.SpectrumStats()
     for i in range(0, 23, 7):
         acc.update(h[i: i + 7])
     got = acc.result()
-    lam = analyze.seq_spectrum(h)
+    lam = geometry.seq_spectrum(h)
     assert torch.allclose(torch.tensor(got["lambda_mean"], dtype=torch.float64), lam.mean(0))
     assert torch.allclose(torch.tensor(got["lambda_std"], dtype=torch.float64), lam.std(0, correction=0), atol=1e-8)
-    for a in analyze.ALPHAS:
-        assert close(got[f"k_{a}"], analyze.k_alpha(lam, a).double().mean().item())
+    for a in geometry.ALPHAS:
+        assert close(got[f"k_{a}"], geometry.k_alpha(lam, a).double().mean().item())
     assert got["n_sequences"] == 23
 
 
@@ -183,20 +185,20 @@ def test_neural_collapse_on_exact_etf_is_zero():
     C, d = 5, 12
     M = simplex_etf(C, d, scale=2.0)
     y = torch.arange(C).repeat(8)
-    nc = analyze.neural_collapse(M[y], y, W=M.clone())  # collapsed features, self-dual classifier
+    nc = geometry.neural_collapse(M[y], y, W=M.clone())  # collapsed features, self-dual classifier
     for k in ("nc1", "nc2_equinorm", "nc2_equiangular", "nc2_equinorm_w", "nc2_equiangular_w", "nc3", "nc4"):
         assert abs(nc[k]) < 1e-9, (k, nc[k])
     # a small within-class spread gives a small NC1, the same classifier still agrees with the class means
     g = torch.Generator().manual_seed(6)
     x = M[y] + 0.01 * torch.randn(len(y), d, generator=g, dtype=torch.float64)
-    nc = analyze.neural_collapse(x, y, W=M)
+    nc = geometry.neural_collapse(x, y, W=M)
     assert 0 < nc["nc1"] < 1e-3 and nc["nc4"] == 0
 
 
 def test_neural_collapse_on_random_features_is_not():
     g = torch.Generator().manual_seed(7)
     x, y = torch.randn(300, 16, generator=g), torch.randint(0, 5, (300,), generator=g)
-    nc = analyze.neural_collapse(x, y, W=torch.randn(5, 16, generator=g))
+    nc = geometry.neural_collapse(x, y, W=torch.randn(5, 16, generator=g))
     assert nc["nc1"] > 1 and nc["nc3"] > 0.5 and nc["nc4"] > 0.3
     assert nc["nc2_equinorm"] > 0.05 and nc["nc2_equiangular"] > 0.05
 
@@ -204,26 +206,26 @@ def test_neural_collapse_on_random_features_is_not():
 def test_nc_metrics_by_hand():
     # two classes on a line, means -1 and +3 (mu_G = 1, M = [[-2], [2]]), within-class variance 0.5:
     # Sigma_B = M^T M / 2 = 4, NC1 = Tr(Sigma_W Sigma_B^+) / C = (0.5 / 4) / 2; equal norms; cos = -1 = -1/(C-1)
-    nc = analyze.nc_metrics(torch.tensor([[-1.0], [3.0]]), torch.tensor([[0.5]]), W=torch.tensor([[-1.0], [1.0]]))
+    nc = geometry.nc_metrics(torch.tensor([[-1.0], [3.0]]), torch.tensor([[0.5]]), W=torch.tensor([[-1.0], [1.0]]))
     assert nc["nc1"] == pytest.approx(0.0625) and nc["nc2_equinorm"] == pytest.approx(0, abs=1e-12)
     assert nc["nc2_equiangular"] == pytest.approx(0, abs=1e-12) and nc["nc3"] == pytest.approx(0, abs=1e-12)
     # NC4: a classifier pointing the other way disagrees with the nearest class mean on every sample
     x, y = torch.tensor([[-1.5], [-0.5], [2.5], [3.5]]), torch.tensor([0, 0, 1, 1])
-    assert analyze.neural_collapse(x, y, W=torch.tensor([[1.0], [-1.0]]))["nc4"] == 1.0
-    assert analyze.neural_collapse(x, y, W=torch.tensor([[-1.0], [1.0]]), b=torch.tensor([0.0, -1.0]))["nc4"] == 0.0
+    assert geometry.neural_collapse(x, y, W=torch.tensor([[1.0], [-1.0]]))["nc4"] == 1.0
+    assert geometry.neural_collapse(x, y, W=torch.tensor([[-1.0], [1.0]]), b=torch.tensor([0.0, -1.0]))["nc4"] == 0.0
 
 
 def test_etf_projection_sends_classifier_rows_to_vertices():
     W3 = simplex_etf(3, 10, scale=3.0, seed=8) + torch.randn(10, dtype=torch.float64)  # not centred
-    xy = analyze.etf_projection(W3, W3, W3.mean(0))
+    xy = geometry.etf_projection(W3, W3, W3.mean(0))
     scale = xy.norm(dim=1)
     assert torch.allclose(scale, scale[0].expand(3))
-    assert torch.allclose(xy / scale[0], analyze.TRIANGLE.T, atol=1e-10)  # row k -> vertex k
+    assert torch.allclose(xy / scale[0], geometry.TRIANGLE.T, atol=1e-10)  # row k -> vertex k
     # features at the classifier rows (collapse with a self-dual classifier) land on the same vertices
     g = torch.Generator().manual_seed(9)
     y = torch.randint(0, 3, (30,), generator=g)
     feats = W3[y] + 1e-3 * torch.randn(30, 10, generator=g, dtype=torch.float64)
-    p = analyze.etf_projection(W3, feats, W3.mean(0))
+    p = geometry.etf_projection(W3, feats, W3.mean(0))
     assert torch.allclose(p, xy[y], atol=1e-2)
 
 
@@ -247,10 +249,10 @@ def test_etf_token_panel_puts_collapsed_tokens_on_the_vertices(tmp_path, figure_
     etf = res["etf"]["tokens"]
     assert etf["vertex_dist"] == pytest.approx(0, abs=1e-9) and res["etf"]["seq_means"]["vertex_dist"] < 1e-9
     radius = torch.tensor(etf["class_means_2d"], dtype=torch.float64).norm(dim=1)
-    assert torch.allclose(torch.tensor(etf["class_means_2d"], dtype=torch.float64), analyze.TRIANGLE.T * radius[0])
+    assert torch.allclose(torch.tensor(etf["class_means_2d"], dtype=torch.float64), geometry.TRIANGLE.T * radius[0])
     m = torch.isin(y, torch.tensor(classes))
-    xy = analyze.etf_projection(W[classes], tokens[m].flatten(0, 1), tokens[m].mean((0, 1)))  # every single token
-    vertex = analyze.TRIANGLE.T[[classes.index(c) for c in y[m].repeat_interleave(5).tolist()]]
+    xy = geometry.etf_projection(W[classes], tokens[m].flatten(0, 1), tokens[m].mean((0, 1)))  # every single token
+    vertex = geometry.TRIANGLE.T[[classes.index(c) for c in y[m].repeat_interleave(5).tolist()]]
     assert torch.allclose(xy / radius[0], vertex, atol=1e-9)
     assert res["etf"]["pooled"]["vertex_dist"] > 0.3  # random features: scattered, not on the vertices
 
@@ -275,12 +277,12 @@ def test_etf_panel_in_the_plane_of_class_means_puts_collapsed_features_on_the_ve
 
 def test_pca_helpers():
     g = torch.Generator().manual_seed(10)
-    rgb = analyze.pca_rgb(torch.randn(16, 8, generator=g), (4, 4))
+    rgb = figures.pca_rgb(torch.randn(16, 8, generator=g), (4, 4))
     assert rgb.shape == (4, 4, 3) and rgb.min() >= 0 and rgb.max() <= 1
     assert torch.allclose(rgb.amax((0, 1)), torch.ones(3, dtype=torch.float64))
-    assert analyze.pca_rgb(torch.randn(4, 2, generator=g), (2, 2)).shape == (2, 2, 3)  # fewer than 3 components
+    assert figures.pca_rgb(torch.randn(4, 2, generator=g), (2, 2)).shape == (2, 2, 3)  # fewer than 3 components
     x = torch.randn(50, 2, generator=g) @ torch.randn(2, 6, generator=g)  # rank 2
-    xy, ratio = analyze.pca_2d(x)
+    xy, ratio = figures.pca_2d(x)
     assert xy.shape == (50, 2) and sum(ratio) == pytest.approx(1.0)
 
 
@@ -316,14 +318,14 @@ def test_per_head_change_of_an_exact_diffusion_step():
     x = torch.randn(5, 7, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     P = ((x @ w_q.T) @ (x @ w_k.T).transpose(1, 2) / math.sqrt(d)).softmax(-1)  # (N, T, T), a known graph
     step = x - tau * (x - P @ x)  # one explicit diffusion step on that graph
-    U, A, M = analyze.block_updates(block, x)
+    U, A, M = geometry.block_updates(block, x)
     assert torch.allclose(x + A + M, step, atol=1e-12) and torch.allclose(U[:, :, 0], step - x, atol=1e-12)
     model = type("Model", (), dict(blocks=[block], config=block.attn, norm=torch.nn.Identity()))  # what update_heads/head_results read
     model.config.graph = "attention"
-    stats = [(analyze.VarChange(), analyze.VarChange())]
-    analyze.update_heads(model, x[:2], None, stats, analyze.all_tokens)  # streamed in two batches
-    analyze.update_heads(model, x[2:], None, stats, analyze.all_tokens)
-    layer = analyze.head_results(model, stats)["layers"][0]
+    stats = [(geometry.VarChange(), geometry.VarChange())]
+    geometry.update_heads(model, x[:2], None, stats, geometry.all_tokens)  # streamed in two batches
+    geometry.update_heads(model, x[2:], None, stats, geometry.all_tokens)
+    layer = geometry.head_results(model, stats)["layers"][0]
     xc = x - x.mean(1, keepdim=True)
     uc = (step - x) - (step - x).mean(1, keepdim=True)
     expected_rho = 2 * (xc * uc).sum().item() / within_seq(x)
@@ -345,15 +347,15 @@ def test_the_heads_figure_puts_first_order_beside_first_order(tmp_path, monkeypa
                                                                                                  "block_total"))}}
               for b in range(2)]
     heights = {}
-    save = analyze.save_figure
+    save = figures.save_figure
 
     def spy(fig, path):
         bars = next(ax for ax in fig.axes if ax.get_title().startswith("sublayers"))
         heights.update({t.get_text(): [round(p.get_height(), 9) for p in c] for t, c in zip(bars.get_legend().get_texts(),
                                                                                         bars.containers)})
         return save(fig, path)
-    monkeypatch.setattr(analyze, "save_figure", spy)
-    analyze.fig_heads({"layers": layers}, "t", str(tmp_path / "heads.png"))
+    monkeypatch.setattr(figures, "save_figure", spy)
+    figures.fig_heads({"layers": layers}, "t", str(tmp_path / "heads.png"))
     assert heights == {"attention": [-0.2, -0.4], "mlp": [-0.1, -0.3], "block": [0.0, -0.2]}
     assert "first order throughout" in figure_texts["heads.png"]["suptitle"]
     assert figure_texts["heads.png"]["labels"][1][1].startswith("first-order change")
@@ -378,9 +380,9 @@ def test_uniform_attention_heads_leave_within_sequence_variance_unchanged():
     model = build_model(make_config("vit-tiny", n_lap=[0, 2, 4, 1], graph="uniform", layerscale=0.5)).eval()
     randomise(model, gain=1.0)
     img = torch.randn(6, 1, 28, 28, generator=torch.Generator().manual_seed(1))
-    stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
-    analyze.update_heads(model, model.embed(img), None, stats, analyze.all_tokens)
-    for layer in analyze.head_results(model, stats)["layers"]:
+    stats = [(geometry.VarChange(), geometry.VarChange()) for _ in model.blocks]
+    geometry.update_heads(model, model.embed(img), None, stats, geometry.all_tokens)
+    for layer in geometry.head_results(model, stats)["layers"]:
         for rho, exact, lap in zip(layer["rho"], layer["exact"], layer["laplacian"]):
             assert (abs(rho) < 1e-9 and abs(exact) < 1e-9) if not lap else abs(rho) > 1e-6
 
@@ -394,16 +396,16 @@ def test_heads_add_up_to_the_attention_sublayer_and_the_block(preset):
     randomise(model, gain=1.0)
     inp = torch.randn(4, 1, 28, 28, dtype=torch.float64) if preset.startswith("vit") else torch.randint(0, 65, (4, 24))
     x, rope = (model.embed(inp), None) if preset.startswith("vit") else model.embed(inp)
-    stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
-    hidden = analyze.update_heads(model, x, rope, stats, analyze.all_tokens)
+    stats = [(geometry.VarChange(), geometry.VarChange()) for _ in model.blocks]
+    hidden = geometry.update_heads(model, x, rope, stats, geometry.all_tokens)
     for h, expected in zip(hidden, model.forward_features(inp, all_layers=True), strict=True):
         assert torch.allclose(h, expected, rtol=1e-9, atol=1e-9)
     for block in model.blocks:
-        U, A, M = analyze.block_updates(block, x, rope)
+        U, A, M = geometry.block_updates(block, x, rope)
         assert torch.allclose(A, block.ls1(block.attn(block.norm1(x), rope)), rtol=1e-9, atol=1e-9)
         assert torch.allclose(x + A + M, block(x, rope), rtol=1e-9, atol=1e-9)
         x = block(x, rope)
-    for layer in analyze.head_results(model, stats)["layers"]:
+    for layer in geometry.head_results(model, stats)["layers"]:
         assert sum(layer["rho"]) == pytest.approx(layer["attention"]["rho"], rel=1e-9, abs=1e-12)
         assert layer["attention"]["exact"] + layer["mlp"]["exact"] == pytest.approx(layer["block_total"]["exact"], rel=1e-9)
         total = layer["attention"]["exact_between"] + layer["mlp"]["exact_between"]
@@ -413,7 +415,7 @@ def test_heads_add_up_to_the_attention_sublayer_and_the_block(preset):
 def test_between_sequence_change_against_a_direct_computation():
     g = torch.Generator().manual_seed(2)
     x, u = torch.randn(9, 5, 3, generator=g, dtype=torch.float64), torch.randn(9, 5, 1, 3, generator=g, dtype=torch.float64)
-    stats = analyze.VarChange()
+    stats = geometry.VarChange()
     stats.update(x[:4], u[:4])
     stats.update(x[4:], u[4:])
     r = stats.result()
@@ -433,13 +435,13 @@ def test_anova_views_split_the_final_norm_tokens_into_the_classifier_subspaces()
     views.update(x[:12], y[:12])
     views.update(x[12:], y[12:])
     r = views.result()
-    full = analyze.anova(model.norm(x).detach(), y)
+    full = geometry.anova(model.norm(x).detach(), y)
     for part in ("within_seq_var", "within_class_var", "between_class_var", "total_var"):  # orthogonal subspaces add
         assert r["classifier_rows"][part] + r["classifier_complement"][part] == pytest.approx(full[part], rel=1e-9)
     rows = views.bases["classifier_rows"]  # (d, r): the classifier reads these coordinates and nothing else
     W = model.head.weight.detach().double()
     assert rows.shape == (96, 10) and torch.allclose(W @ rows @ rows.T, W, atol=1e-9)
-    plain = analyze.anova(torch.nn.functional.layer_norm(x, (96,), eps=1e-6), y)
+    plain = geometry.anova(torch.nn.functional.layer_norm(x, (96,), eps=1e-6), y)
     assert r["norm_without_affine"]["within_seq_frac"] == pytest.approx(plain["within_seq_frac"], rel=1e-9)
 
 
@@ -505,7 +507,7 @@ def make_run(path, kind, n_lap=0, seed=0, metric=None, in_chans=1, extra=None, p
             torch.nn.init.normal_(p, std=0.2)
     save_checkpoint(dict(kind=kind, model_config=asdict(config), model=model.state_dict(), step=10,
                          config=dict(cfg, seed=seed, n_lap=n_lap), **(extra or {})), os.path.join(path, "ckpt.pt"))
-    name = analyze.FINAL_METRIC[kind][0]
+    name = geometry.FINAL_METRIC[kind][0]
     with open(os.path.join(path, "log.jsonl"), "w") as f:
         f.write(json.dumps({"step": 0, name: 0.1}) + "\n")
         f.write(json.dumps({"step": 10, name: metric if metric is not None else 0.5 + 0.01 * seed}) + "\n")
@@ -561,7 +563,7 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     assert res["etf"]["classes"] == [1, 4, 7] and len(res["etf"]["pooled"]["class_means_2d"]) == 3
     assert all(res["etf"][k]["vertex_dist"] >= 0 for k in ("pooled", "seq_means", "tokens"))
     assert len(res["spectrum"]["lambda_mean"]) == 16  # min(T = 16 patches, d = 32)
-    assert all(1 <= res["spectrum"][f"k_{a}"] <= 15 for a in analyze.ALPHAS)  # centred rank <= T - 1
+    assert all(1 <= res["spectrum"][f"k_{a}"] <= 15 for a in geometry.ALPHAS)  # centred rank <= T - 1
     out = capsys.readouterr().out
     r = result(out)
     assert r["kind"] == "vit" and r["n_lap"] == "2" and "30 sequences" in out
@@ -593,8 +595,8 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
                  "within_seq (norm without affine)": res["anova_views"]["norm_without_affine"]["within_seq_frac"],
                  "within_seq (classifier rows)": res["anova_views"]["classifier_rows"]["within_seq_frac"],
                  "within_seq (classifier complement)": res["anova_views"]["classifier_complement"]["within_seq_frac"],
-                 "rho of laplacian heads (mean)": sum(analyze.head_means(res["heads"])["laplacian"]) / 2,
-                 "rho of attention heads (mean)": sum(analyze.head_means(res["heads"])["attention"]) / 2}
+                 "rho of laplacian heads (mean)": sum(geometry.head_means(res["heads"])["laplacian"]) / 2,
+                 "rho of attention heads (mean)": sum(geometry.head_means(res["heads"])["attention"]) / 2}
 
 
 @pytest.mark.slow
@@ -683,7 +685,7 @@ def test_end_to_end_gpt(tmp_path, capsys, figure_texts):
     t = targets[m]
     W3 = model.lm_head.weight.detach()[top3]
     center = torch.stack([h[m][t == c].double().mean(0) for c in top3]).mean(0)
-    xy = analyze.etf_projection(W3, h[m], center)
+    xy = geometry.etf_projection(W3, h[m], center)
     means = torch.stack([xy[t == c].mean(0) for c in top3])
     assert torch.allclose(torch.tensor(res["etf"]["tokens"]["class_means_2d"], dtype=torch.float64), means, atol=1e-5)
     a = res["anova"]
@@ -793,7 +795,7 @@ def test_bad_input(tmp_path, fashion_dir):
     with pytest.raises(UsageError, match="not every class occurs"):
         run_analyze(run, "--etf_classes=[1,2,12]", "--max_samples=20")
     with pytest.raises(UsageError, match="at least two classes"):
-        analyze.neural_collapse(torch.randn(5, 3), torch.zeros(5, dtype=torch.long))
+        geometry.neural_collapse(torch.randn(5, 3), torch.zeros(5, dtype=torch.long))
     with pytest.raises(UsageError, match="n_targets"):
         run_analyze(run, "--n_targets=1")
     with pytest.raises(UsageError, match="no such run directory"):

@@ -296,15 +296,15 @@ def test_ex10_rho_is_analyzes(one_thread):
     """check.py's per-head first-order change is analyze.py's (its heads analysis on the patch tokens)."""
     import torch
     sys.path.insert(0, ROOT)
-    import analyze
+    import geometry
     from nanolap import build_model, make_config
     torch.manual_seed(0)
     model = check.randomise(build_model(make_config("vit-cpu", n_lap=[0, 1, 2, 4])), 0.3, 0).eval()
     img = torch.randn(8, 1, 28, 28)
-    stats = [(analyze.VarChange(), analyze.VarChange()) for _ in model.blocks]
+    stats = [(geometry.VarChange(), geometry.VarChange()) for _ in model.blocks]
     with torch.no_grad():
-        analyze.update_heads(model, model.embed(img), None, stats, analyze.patch_tokens)
-    theirs = [layer["rho"] for layer in analyze.head_results(model, stats)["layers"]]
+        geometry.update_heads(model, model.embed(img), None, stats, geometry.patch_tokens)
+    theirs = [layer["rho"] for layer in geometry.head_results(model, stats)["layers"]]
     ours = [rho.tolist() for rho in check.head_rho(model, img)]
     assert len(ours) == len(theirs) == 4
     for block_ours, block_theirs in zip(ours, theirs):
@@ -519,10 +519,10 @@ def committed_expected():
 def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, monkeypatch, capsys):
     """exercises/expected.json is what `check.py --write-expected` makes of the reference solutions now: the same
     cases, inputs and keys, and the floats the solutions compute within ROUNDING (the committed ones came from another
-    CPU). Its values agree with analyze.py's ANOVA and spectrum (analyze.py computes them its own way, here)."""
+    CPU). Its values agree with geometry.py's ANOVA and spectrum (geometry.py computes them its own way, here)."""
     import torch
     sys.path.insert(0, ROOT)
-    import analyze
+    import geometry
     monkeypatch.setattr(check, "EXPECTED", str(tmp_path / "expected.json"))
     assert check.main(["--write-expected"]) == 0
     written = json.loads((tmp_path / "expected.json").read_text())
@@ -531,13 +531,13 @@ def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, 
     monkeypatch.undo()
     for case in check.expected(4):
         labels = torch.zeros(len(case["h"]), dtype=torch.long)
-        assert case["within_seq_frac"] == pytest.approx(analyze.anova(case["h"], labels)["within_seq_frac"], abs=1e-12)
+        assert case["within_seq_frac"] == pytest.approx(geometry.anova(case["h"], labels)["within_seq_frac"], abs=1e-12)
     for case in check.expected(7):
-        stats = analyze.SpectrumStats()
+        stats = geometry.SpectrumStats()
         stats.update(case["h"])
-        assert {f"k_{a}": case[f"k_{a}"] for a in analyze.ALPHAS} == pytest.approx(
-            {f"k_{a}": stats.result()[f"k_{a}"] for a in analyze.ALPHAS}), case["name"]
-    assert check.ALPHAS == analyze.ALPHAS
+        assert {f"k_{a}": case[f"k_{a}"] for a in geometry.ALPHAS} == pytest.approx(
+            {f"k_{a}": stats.result()[f"k_{a}"] for a in geometry.ALPHAS}), case["name"]
+    assert check.ALPHAS == geometry.ALPHAS
     from nanolap import MixedHeadAttention, make_config
     for case in check.expected(9):  # the cached steps are the whole sequence in one call of nanolap's layer
         attn = check.fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **check.SMALL),

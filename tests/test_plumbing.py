@@ -329,24 +329,25 @@ def local_imports(path, local):
 
 
 def test_the_arrows_point_one_way():
-    """nanolap.py <- common.py <- configurator.py, optim.py, probes.py and data/ <- the scripts (train_*.py, analyze.py,
-    exercises/) <- results/verdict.py <- results/report.py: each file imports only what lies below it, the model file
-    nothing but math, dataclasses and torch, and the report's statistics (results/stats.py) nothing of the
-    repository's; no script imports another."""
+    """nanolap.py <- common.py <- configurator.py, optim.py, probes.py, geometry.py (<- figures.py) and data/ <- the
+    scripts (train_*.py, analyze.py, exercises/) <- results/verdict.py <- results/report.py: each file imports only
+    what lies below it, the model file nothing but math, dataclasses and torch, and the report's statistics
+    (results/stats.py) nothing of the repository's; no script imports another."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     local = {os.path.splitext(f)[0] for f in os.listdir(root) if f.endswith(".py")}
     local |= {"data", "report", "stats", "verdict"}
     assert local_imports(os.path.join(root, "nanolap.py"), None) <= {"math", "dataclasses", "torch"}
     below = {"common.py": {"nanolap"}, "configurator.py": {"nanolap", "common"}, "optim.py": set(),
-             "probes.py": {"common"}, "results/stats.py": set(),
-             "results/verdict.py": {"nanolap", "common", "data", "analyze", "stats"},
-             "results/report.py": {"nanolap", "common", "configurator", "data", "analyze", "stats", "verdict"}}
+             "probes.py": {"common"}, "geometry.py": {"nanolap", "common"}, "figures.py": {"common", "geometry"},
+             "results/stats.py": set(),
+             "results/verdict.py": {"nanolap", "common", "data", "geometry", "figures", "stats"},
+             "results/report.py": {"nanolap", "common", "configurator", "data", "geometry", "figures", "stats", "verdict"}}
     scripts = glob.glob(os.path.join(root, "train_*.py")) + [os.path.join(root, "analyze.py")]
     scripts += glob.glob(os.path.join(root, "exercises", "**", "*.py"), recursive=True)
     data = glob.glob(os.path.join(root, "data", "**", "*.py"), recursive=True)
     below.update({os.path.relpath(p, root): {"nanolap", "common", "configurator", "data"} for p in data})
-    below.update({os.path.relpath(p, root): {"nanolap", "common", "configurator", "data", "optim", "probes"}
-                  for p in scripts})
+    below.update({os.path.relpath(p, root): {"nanolap", "common", "configurator", "data", "optim", "probes", "geometry",
+                                             "figures"} for p in scripts})
     assert len(below) > 20
     for path, allowed in below.items():
         found = local_imports(os.path.join(root, path), local)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import analyze
+import geometry
 import report
 import stats
 import tuning
@@ -419,7 +419,7 @@ def collected_run(kind, set_name, n_lap, seed, machine, x):
     anova = ({"within_class_frac": 0.7 + x, "between_class_frac": 0.3 - x} if kind == "gpt" else
              {"within_seq_frac": 0.8 - x, "within_class_frac": 0.1 + 3 * x, "between_class_frac": 0.1 + x})
     a = dict(run=f"{set_name}/k{n_lap}-s{seed}", kind=kind, n_lap=n_lap, n_lap_label=str(n_lap), seed=seed,
-             final_metric={"name": analyze.FINAL_METRIC[kind][0], "value": list(end.values())[0], "step": 10},
+             final_metric={"name": geometry.FINAL_METRIC[kind][0], "value": list(end.values())[0], "step": 10},
              settings={"layer": -1}, anova=anova, nc=nc,
              etf={"pooled": {"vertex_dist": 0.2 + x}} if kind == "vit" else {},
              layerwise={"within_seq_frac": [0.9, 0.85 - x, 0.8 - x], "cosine": [0.1, 0.2 + x, 0.3]},
@@ -653,7 +653,7 @@ def fake_run(root, kind, n_lap, seed, result, frac, epochs=6, rho=None, set_name
                  {"within_seq_frac": frac, "within_class_frac": (1 - frac) / 4, "between_class_frac": 3 * (1 - frac) / 4})
         nc = {"vit": {"pooled": {"nc1": 1.0 + n_lap + seed}}, "gpt": {"nc1": 2.0}, "dino": {}}[kind]
         return dict(run=str(d), kind=kind, n_lap=n_lap, n_lap_mean=float(n_lap), n_lap_label=str(n_lap), n_head=4, seed=seed,
-                    step=10, final_metric={"name": analyze.FINAL_METRIC[kind][0], "value": 0.5, "step": 10},
+                    step=10, final_metric={"name": geometry.FINAL_METRIC[kind][0], "value": 0.5, "step": 10},
                     train_config=dict(seed=seed, n_lap=n_lap, epochs=epochs, out_dir=str(d)), settings={"layer": -1},
                     anova=anova, nc=nc, spectrum={"lambda_mean": [4.0, 2.0, 1.0, 0.0], "k_0.9": 2.0, "k_0.99": 3.0 + seed},
                     layerwise={"layer": ["1", "2", "norm"], "within_seq_frac": [0.9, 0.8 - n_lap / 10, frac],
