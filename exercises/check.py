@@ -9,8 +9,8 @@ The checks of the nanolap exercises (exercises/README.md), one command per exerc
 
 Exercises that ask for code (1, 2, 3, 4, 6, 7, 9, 10) end in PASS or FAIL (exit status 0 or 1). The experiments (5,
 8) read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is part
-of the exercise. It compares your code with nanolap.py, with analyze.py's numbers, or with values the reference
-solutions gave on fixed inputs (exercises/expected.json): it holds no answer.
+of the exercise. It compares your code with nanolap.py, with analyze.py's numbers (geometry.py measures them), or
+with values the reference solutions gave on fixed inputs (exercises/expected.json): it holds no answer.
 """
 
 import ast
@@ -35,6 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
 import configurator  # noqa: E402
+import geometry  # noqa: E402
 from data import augment, images, text  # noqa: E402
 from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
 
@@ -394,9 +395,6 @@ def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_im
 
 # ---- exercise 7: the spectrum by hand ----------------------------------------------------------------------------
 
-ALPHAS = (0.9, 0.99)  # analyze.py's k_alpha thresholds
-
-
 def trained_tokens(run, max_samples, seed):
     """Final-norm patch tokens (N, T, d) of the validation images that `analyze.py RUN --max_samples=N` measures, and
     analyze.py's spectrum of them in RUN/analysis/analysis.json (None without the file)."""
@@ -416,8 +414,9 @@ def trained_tokens(run, max_samples, seed):
 def check_7(ex, run, max_samples, seed):
     ok = True
     for case in expected(7):  # the reference solution's values on fixed tokens; the first by hand: eigenvalues 98, 2
-        for alpha in ALPHAS:
-            got, want = ex.k_alpha(case["h"], alpha), case[f"k_{alpha}"]
+        for alpha in geometry.ALPHAS:
+            got = ex.k_alpha(case["h"], alpha)
+            want = case[f"k_{alpha}"]
             ok &= expect(abs(got - want) < 1e-9, f"{case['name']}: k_{alpha} = {got:.4f} (the reference's {want:.4f})")
     if not run:
         print("  pass --run=DIR (a train_vit.py out_dir that analyze.py analysed) to compare with analyze.py on a "
@@ -429,8 +428,9 @@ def check_7(ex, run, max_samples, seed):
     if stored is None or stored["n_sequences"] != len(h):
         found = "there is none" if stored is None else f"it measured {stored['n_sequences']} images"
         return expect(False, f"{path}: {found}; run python analyze.py {run} --max_samples={max_samples}")
-    for alpha in ALPHAS:  # analysis.json keeps analyze.py's mean k over the images: a multiple of 1 / N
-        got, want = ex.k_alpha(h, alpha), stored[f"k_{alpha}"]
+    for alpha in geometry.ALPHAS:  # analysis.json keeps analyze.py's mean k over the images: a multiple of 1 / N
+        got = ex.k_alpha(h, alpha)
+        want = stored[f"k_{alpha}"]
         ok &= expect(abs(got - want) < 0.5 / len(h), f"k_{alpha}: yours {got:.4f}, analyze.py's {want:.4f} ({path})")
     return ok
 
@@ -576,33 +576,11 @@ def check_attnscale(ex, seed):
 
 @torch.no_grad()
 def head_rho(model, imgs):
-    """Per block, every head's first-order change of the within-image variance of the patch tokens, as analyze.py's
-    heads analysis defines it: head h adds U_h (its output through its columns of the output projection) to the
-    block's input X, and rho_h = 2 <X_c, U_h> / |X_c|^2 over the images, X_c the patch tokens centred per image.
-    Negative: the head smooths the tokens. (The CPU ViT has no LayerScale, which would scale U_h.) Hooks read X and
-    the heads' outputs, the input of the output projection, so that any attention module with a `proj` fits."""
-    seen = []  # per block: [its input X (B, 1 + N, d), its heads' outputs (B, 1 + N, C)]
-
-    def block_input(block, args):
-        seen.append([args[0]])
-
-    def heads_output(proj, args):
-        seen[-1].append(args[0])
-    hooks = [block.register_forward_pre_hook(block_input) for block in model.blocks]
-    hooks += [block.attn.proj.register_forward_pre_hook(heads_output) for block in model.blocks]
-    model(imgs)
-    for hook in hooks:
-        hook.remove()
-    rho = []
-    for block, (x, y) in zip(model.blocks, seen):
-        H, D = block.attn.n_head, block.attn.head_dim
-        x = x[:, 1:].double()  # (B, N, d): the patch tokens (analyze.py's default, --tokens=patch)
-        y = y[:, 1:].double().unflatten(-1, (H, D))  # (B, N, H, D)
-        w_o = block.attn.proj.weight.double().unflatten(1, (H, D))  # (d, H, D): head h's columns
-        U = torch.einsum("bnhe,dhe->bnhd", y, w_o)  # (B, N, H, d): head h's update of every token
-        xc = x - x.mean(-2, keepdim=True)  # (B, N, d): centred per image
-        rho.append(2 * torch.einsum("bnd,bnhd->h", xc, U) / xc.square().sum())  # (H,)
-    return rho
+    """Per block, every head's first-order change rho_h of the within-image variance of the patch tokens of imgs
+    (normalised images), as analyze.py reports it: geometry.py's per-head analysis. Negative: the head smooths them."""
+    stats = [(geometry.VarChange(), geometry.VarChange()) for _ in model.blocks]
+    geometry.update_heads(model, model.embed(imgs), None, stats, geometry.patch_tokens)
+    return [torch.tensor(layer["rho"]) for layer in geometry.head_results(model, stats)["layers"]]
 
 
 def check_10(ex, steps, batch_size, lr, lam_lr, heads, dataset, data_dir, val_images, rho_images, seed):
@@ -699,7 +677,7 @@ def write_expected():
                  ("random tokens", ints(6, 9, 5)), ("tokens of rank 3 in 8 dimensions", ints(6, 9, 3) @ ints(3, 8))]}
     ex4, ex7 = load(4, solution=True), load(7, solution=True)
     values = {4: lambda h: {"within_seq_frac": ex4.within_seq_frac(h)},
-              7: lambda h: {f"k_{a}": ex7.k_alpha(h, a) for a in ALPHAS}}
+              7: lambda h: {f"k_{a}": ex7.k_alpha(h, a) for a in geometry.ALPHAS}}
     written = {n: [dict(name=name, h=h.tolist(), **values[n](h)) for name, h in c] for n, c in cases.items()}
     C = SMALL["n_embd"]
     # weights of a quarter and tokens of a few units: scores of order 1, so that P is neither uniform nor one-hot
