@@ -5,7 +5,6 @@ The checks of the nanolap exercises (exercises/README.md), one command per exerc
     python exercises/check.py 2 --hint           # the first hint; --hint=2 the second, and so on
     python exercises/check.py 2 --solution       # checks the reference, exercises/solutions/ex2_laplacian_head.py
     python exercises/check.py 4 --depth=48       # options go after the number (--key=value); --help lists them
-    python exercises/check.py --students-copy DIR    # instructors: the repository without solutions/ and INSTRUCTOR.md
 
 Exercises that ask for code (1, 2, 3, 4, 6, 7, 9, 10) end in PASS or FAIL (exit status 0 or 1). The experiments (5,
 8) read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is part
@@ -21,8 +20,6 @@ import json
 import math
 import os
 import re
-import shutil
-import subprocess
 import sys
 import textwrap
 import time
@@ -606,101 +603,6 @@ def check_10(ex, steps, batch_size, lr, lam_lr, heads, dataset, data_dir, val_im
               + ("   lambda " + " ".join(f"{v:+.2f}" for v in lam) if lam else ""))
     return True
 
-# ---- for instructors: the students' copy, and the expected values from the solutions ------------------------------
-
-HELD_BACK = ("exercises/solutions/", "exercises/INSTRUCTOR.md")  # what a students' copy leaves out
-
-
-def committed_starters(root):
-    """Every starter as the last commit holds it (git show HEAD:...), by path; a UsageError names those it lacks."""
-    committed = {}
-    missing = []
-    for name in FILES.values():
-        path = f"exercises/{name}"
-        shown = subprocess.run(["git", "show", f"HEAD:./{path}"], cwd=root, capture_output=True, timeout=60)
-        if shown.returncode == 0:
-            committed[path] = shown.stdout
-        else:
-            missing.append(path)
-    if missing:
-        raise common.UsageError(f"--students-copy takes the starters from the last commit, which lacks "
-                                f"{', '.join(missing)}: commit them first")
-    return committed
-
-
-def students_copy(dest):
-    """Copy the repository as git sees it (the tracked files and the untracked ones it does not ignore: no runs, data
-    or virtual environment) to the new folder dest, without HELD_BACK. The starters come from the last commit, not
-    from the working tree: an instructor who tried an exercise here must not hand out the solved file."""
-    root = os.path.dirname(HERE)
-    if os.path.exists(dest):
-        raise common.UsageError(f"--students-copy={dest}: it exists already; name a new folder")
-    try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                                capture_output=True, text=True, timeout=60)
-    except OSError:
-        listed = None
-    if listed is None or listed.returncode != 0:
-        raise common.UsageError(f"--students-copy needs git and the repository's git checkout ({root} is none)")
-    starters = committed_starters(root)
-    files = [f for f in listed.stdout.split("\0") if f and not f.startswith(HELD_BACK) and f not in starters
-             and os.path.isfile(os.path.join(root, f))]
-    for f in files:
-        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
-        shutil.copy2(os.path.join(root, f), os.path.join(dest, f))
-    changed = []
-    for f, content in starters.items():
-        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
-        with open(os.path.join(dest, f), "wb") as out:
-            out.write(content)
-        working = os.path.join(root, f)
-        if not os.path.isfile(working) or open(working, "rb").read() != content:
-            changed.append(f)
-    print(f"wrote {dest}: {len(files) + len(starters)} files, without {' and '.join(HELD_BACK)}; the starters as "
-          f"last committed")
-    if changed:
-        print(f"  not from this working tree, where they differ (solved?): {', '.join(changed)}")
-
-
-def write_expected():
-    """exercises/expected.json: fixed inputs (small integers, exact in any float type; the layers' weights quarters of
-    them) and what the reference solutions of exercises 4, 7, 9 and 10 return for them. Run it after changing a case
-    or a solution."""
-    g = torch.Generator().manual_seed(0)
-
-    def ints(*shape, low=-9, high=10):
-        return torch.randint(low, high, shape, generator=g).float()
-    x, hand = ints(4, 5, 3), torch.tensor([[[7.0, 0.0], [-7.0, 0.0], [0.0, 1.0], [0.0, -1.0]]])  # centred; 98 and 2
-    cases = {4: [("random tokens", x), ("shifted sequences", x + ints(4, 1, 3, low=-50, high=50)),
-                 ("identical tokens in each sequence", ints(4, 1, 3).expand(4, 5, 3))],
-             7: [("hand case, eigenvalues 98 and 2", hand), ("the same tokens shifted by (100, 100)", hand + 100),
-                 ("random tokens", ints(6, 9, 5)), ("tokens of rank 3 in 8 dimensions", ints(6, 9, 3) @ ints(3, 8))]}
-    ex4, ex7 = load(4, solution=True), load(7, solution=True)
-    values = {4: lambda h: {"within_seq_frac": ex4.within_seq_frac(h)},
-              7: lambda h: {f"k_{a}": ex7.k_alpha(h, a) for a in geometry.ALPHAS}}
-    written = {n: [dict(name=name, h=h.tolist(), **values[n](h)) for name, h in c] for n, c in cases.items()}
-    C = SMALL["n_embd"]
-    # weights of a quarter and tokens of a few units: scores of order 1, so that P is neither uniform nor one-hot
-    weights = dict(qkv=ints(3 * C, C, low=-2, high=3) / 4, proj=ints(C, C, low=-2, high=3) / 4)
-    h = ints(1, 6, C, low=-3, high=4)  # (B, T, C)
-    attn = fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **SMALL), n_lap=1), weights)
-    out = cached_steps(load(9, solution=True), attn, h)[0]
-    written[9] = [dict(name="2 heads of size 4, the second Laplacian, 6 tokens", n_lap=1,
-                       **{k: w.tolist() for k, w in weights.items()}, h=h.tolist(), out=out.tolist())]
-    relative = load(10, solution=True).AttnScaleAttention(make_config("vit-cpu", bias=False, **SMALL))
-    module = fixed_layer(relative, weights)
-    lam = torch.tensor([0.5, -2.0])
-    with torch.no_grad():
-        module.lam.copy_(lam)
-        out = module(h)
-    written[10] = [dict(name="2 heads of size 4, lambda 0.5 and -2, 6 tokens", lam=lam.tolist(),
-                        **{k: w.tolist() for k, w in weights.items()}, h=h.tolist(), out=out.tolist())]
-    lines = [f'"{n}": [\n' + ",\n".join(json.dumps(case) for case in c) + "\n]"
-             for n, c in written.items()]  # one case per line
-    with common.atomic_write(EXPECTED) as f:
-        f.write(("{\n" + ",\n".join(lines) + "\n}\n").encode())
-    print(f"wrote {EXPECTED}")
-
 # ---- the exercises' page: each one's rating and hints -------------------------------------------------------
 
 def page_section(number):
@@ -744,16 +646,9 @@ CHECKS = {1: check_1, 2: check_2, 3: check_3, 4: check_4, 5: check_5, 6: check_6
 def main(argv=None):
     """Run one exercise's check; returns the exit status (0 = PASS or numbers printed, 1 = FAIL)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--students-copy"] and len(argv) == 2 or argv[:1] == ["--write-expected"]:
-        try:
-            students_copy(argv[1]) if len(argv) == 2 else write_expected()
-        except common.UsageError as e:
-            print(f"error: {e}")
-            return 2
-        return 0
     if not argv or not argv[0].isdigit() or int(argv[0]) not in CHECKS:
         print(__doc__.strip() + f"\n\nusage: python exercises/check.py N [--hint[=K]] [--solution] [--key=value ...], "
-              f"N in 1..{max(CHECKS)}; python exercises/check.py --students-copy DIR")
+              f"N in 1..{max(CHECKS)}")
         return 0 if {"-h", "--help"} & set(argv) else 2
     number, rest = int(argv[0]), argv[1:]
     if {"-h", "--help"} & set(rest):

@@ -5,11 +5,10 @@ working copy keeps these tests green. Fast tier: the code checks at tiny sizes, 
 run, a longer gated training and a short AttnScale one, the command line, and solved exercises in copies of the
 repository (with and without git). The fast tier also checks every exercise's rating and graded hints, that the
 students' copy takes the committed starters, and the caveat of exercise 1's identity: attention dropout breaks
-(I - P) 1 = 0 in training. In a students' copy (python exercises/check.py --students-copy DIR) the tests of the
+(I - P) 1 = 0 in training. In a students' copy (python exercises/instructor.py --students-copy DIR) the tests of the
 solutions are skipped."""
 
 import ast
-import importlib.util
 import json
 import math
 import os
@@ -26,9 +25,9 @@ EXERCISES = os.path.join(ROOT, "exercises")
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
 needs_solutions = pytest.mark.skipif(not os.path.isdir(os.path.join(EXERCISES, "solutions")),
                                      reason="a students' copy: no exercises/solutions/")
-spec = importlib.util.spec_from_file_location("exercise_checks", os.path.join(EXERCISES, "check.py"))
-check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(check)
+sys.path.insert(0, EXERCISES)
+import check  # noqa: E402
+import instructor  # noqa: E402
 
 
 def committed_starter(number, folder):
@@ -50,6 +49,12 @@ def committed_starter(number, folder):
 def run_check(capsys, *argv):
     """check.py's main in this process: (exit status, what it printed)."""
     status = check.main([str(a) for a in argv])
+    return status, capsys.readouterr().out
+
+
+def run_instructor(capsys, *argv):
+    """instructor.py's main in this process: (exit status, what it printed)."""
+    status = instructor.main([str(a) for a in argv])
     return status, capsys.readouterr().out
 
 
@@ -142,11 +147,11 @@ def test_ex2_says_its_gpt_cases_have_no_rope(capsys, one_thread):
 def test_the_answers_live_on_the_instructors_page():
     """Students read README.md: it links the instructor's page with a warning and holds none of its answers."""
     readme = open(os.path.join(EXERCISES, "README.md")).read()
-    instructor = open(os.path.join(EXERCISES, "INSTRUCTOR.md")).read()
+    page = open(os.path.join(EXERCISES, "INSTRUCTOR.md")).read()
     assert "[the instructor's page](INSTRUCTOR.md)" in readme and "Try each exercise first" in readme
     for heading in ("**What the class should observe.**", "**Common wrong turns.**", "**Times on a 2-core laptop.**"):
-        assert heading in instructor and heading not in readme
-    assert "85.51%" in instructor and "85.51%" not in readme  # an answer (exercise 5's accuracies)
+        assert heading in page and heading not in readme
+    assert "85.51%" in page and "85.51%" not in readme  # an answer (exercise 5's accuracies)
 
 
 def test_a_student_error_is_a_fail_with_its_traceback(tmp_path, capsys, monkeypatch):
@@ -306,8 +311,8 @@ def test_the_students_copy_takes_the_committed_starters(tmp_path, capsys, monkey
     starter = (repo / "exercises" / check.FILES[1]).read_text()
     solution = open(os.path.join(EXERCISES, "solutions", check.FILES[1])).read()
     (repo / "exercises" / check.FILES[1]).write_text(solution)  # solved, not committed
-    monkeypatch.setattr(check, "HERE", str(repo / "exercises"))
-    status, out = run_check(capsys, "--students-copy", tmp_path / "class")
+    monkeypatch.setattr(instructor, "HERE", str(repo / "exercises"))
+    status, out = run_instructor(capsys, "--students-copy", tmp_path / "class")
     assert status == 0 and "the starters as last committed" in out, out
     differ = "  not from this working tree, where they differ (solved?): exercises/ex1_laplacian.py"
     assert out.splitlines()[-1] == differ
@@ -318,7 +323,7 @@ def test_the_students_copy_takes_the_committed_starters(tmp_path, capsys, monkey
     lacking = f"exercises/{check.FILES[9]}"
     for argv in (["rm", "-q", "--cached", lacking], ["commit", "-q", "-m", "exercise 9 untracked"]):
         subprocess.run(GIT + argv, cwd=repo, check=True, capture_output=True)
-    status, out = run_check(capsys, "--students-copy", tmp_path / "class2")
+    status, out = run_instructor(capsys, "--students-copy", tmp_path / "class2")
     assert status == 2 and out == (f"error: --students-copy takes the starters from the last commit, which lacks "
                                    f"{lacking}: commit them first\n")
     assert not (tmp_path / "class2").exists()
@@ -498,17 +503,17 @@ def committed_expected():
 
 @needs_solutions
 def test_the_expected_values_are_the_solutions_and_agree_with_analyze(tmp_path, monkeypatch, capsys):
-    """exercises/expected.json is what `check.py --write-expected` makes of the reference solutions now: the same
+    """exercises/expected.json is what `instructor.py --write-expected` makes of the reference solutions now: the same
     cases, inputs and keys, and the floats the solutions compute within ROUNDING (the committed ones came from another
     CPU). Its values agree with geometry.py's ANOVA and spectrum (geometry.py computes them its own way, here)."""
     import torch
     sys.path.insert(0, ROOT)
     import geometry
     monkeypatch.setattr(check, "EXPECTED", str(tmp_path / "expected.json"))
-    assert check.main(["--write-expected"]) == 0
+    assert instructor.main(["--write-expected"]) == 0
     written = json.loads((tmp_path / "expected.json").read_text())
     found = differences(written, committed_expected())
-    assert not found, "\n".join(found[:5]) + "\nrun python exercises/check.py --write-expected"
+    assert not found, "\n".join(found[:5]) + "\nrun python exercises/instructor.py --write-expected"
     monkeypatch.undo()
     for case in check.expected(4):
         labels = torch.zeros(len(case["h"]), dtype=torch.long)
@@ -576,14 +581,25 @@ def test_check_holds_no_answer_and_imports_no_script():
 
 @needs_solutions
 def test_the_students_copy_holds_no_answers(tmp_path, capsys):
-    status, out = run_check(capsys, "--students-copy", tmp_path / "class")
+    """The copy leaves out the solutions and the instructor's page, and every link of its pages finds its file there
+    (exercises/README.md's paragraph that points to them, marked for instructors, stays behind)."""
+    status, out = run_instructor(capsys, "--students-copy", tmp_path / "class")
     assert status == 0 and out.startswith(f"wrote {tmp_path / 'class'}: ")
     copied = {os.path.relpath(os.path.join(d, f), tmp_path / "class") for d, _, fs in os.walk(tmp_path / "class")
               for f in fs}
     assert {"exercises/check.py", "exercises/expected.json", "exercises/README.md", "nanolap.py"} <= copied
     assert not any(f.startswith("exercises/solutions") or f == "exercises/INSTRUCTOR.md" for f in copied), copied
     assert not any(f.startswith((".git/", "out")) or "__pycache__" in f for f in copied), copied
-    status, out = run_check(capsys, "--students-copy", tmp_path / "class")
+    readme = open(os.path.join(EXERCISES, "README.md")).read()
+    assert "](solutions/)" in readme and "](INSTRUCTOR.md)" in readme  # the links the copy must not keep
+    for page in [f for f in copied if f.endswith(".md")]:
+        text = (tmp_path / "class" / page).read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)", text):  # a link's file, without its anchor
+            if not target.startswith(("http://", "https://")):
+                assert os.path.exists(tmp_path / "class" / os.path.dirname(page) / target), (page, target)
+    copied_readme = (tmp_path / "class" / "exercises" / "README.md").read_text()
+    assert copied_readme == instructor.INSTRUCTORS_ONLY.sub("", readme) != readme
+    status, out = run_instructor(capsys, "--students-copy", tmp_path / "class")
     assert status == 2 and out == f"error: --students-copy={tmp_path / 'class'}: it exists already; name a new folder\n"
 
 
@@ -607,15 +623,16 @@ def test_solving_the_exercises_keeps_the_tests_green(tmp_path, capsys):
     tests check the committed starters), and in a students' copy without git (they skip the starters' tests and
     the solutions', and say why). The students' copy runs the checks without solutions/."""
     clone, copy = tmp_path / "clone", tmp_path / "class"
-    assert run_check(capsys, "--students-copy", clone)[0] == 0  # the working tree, then committed in a new repository
+    assert run_instructor(capsys, "--students-copy", clone)[0] == 0  # the working tree, then committed in a new repository
     shutil.copytree(os.path.join(EXERCISES, "solutions"), clone / "exercises" / "solutions")
-    shutil.copy(os.path.join(EXERCISES, "INSTRUCTOR.md"), clone / "exercises")
+    for page in ("INSTRUCTOR.md", "README.md"):  # README.md with its paragraph for instructors
+        shutil.copy(os.path.join(EXERCISES, page), clone / "exercises")
     for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the course"]):
         subprocess.run(GIT + argv, cwd=clone, check=True, capture_output=True)
     solve_in(clone)
     p = pytest_in(clone)
     assert p.returncode == 0 and " passed" in p.stdout and "skipped" not in p.stdout, p.stdout[-3000:]
-    assert run_check(capsys, "--students-copy", copy)[0] == 0
+    assert run_instructor(capsys, "--students-copy", copy)[0] == 0
     solve_in(copy)
     p = pytest_in(copy)
     assert p.returncode == 0 and " passed" in p.stdout and "skipped" in p.stdout, p.stdout[-3000:]
