@@ -109,8 +109,10 @@ def check_1(ex, seed):
     model = build_model(make_config("vit-cpu", n_lap=4)).eval()
     P = model.get_attention(torch.randn(2, 1, 28, 28), layer=1)  # (B, H, T, T) of block 2: 17 tokens
     L = ex.laplacian(P)  # (B, H, T, T)
-    T, D = P.shape[-1], model.config.n_embd // model.config.n_head
-    v, c = torch.randn(2, 4, T, D), torch.randn(D) * 10  # values (B, H, T, D) and one vector c for every token
+    T = P.shape[-1]
+    D = model.config.n_embd // model.config.n_head
+    v = torch.randn(2, 4, T, D)  # values (B, H, T, D)
+    c = torch.randn(D) * 10  # one vector c for every token
     print(f"P from get_attention: {tuple(P.shape)}, rows sum to 1 (max error {(P.sum(-1) - 1).abs().max():.1e})")
     ok = expect(L.shape == P.shape, f"laplacian(P) has the shape of P {tuple(P.shape)}")
     ones = (L @ torch.ones(T, 1)).abs().max().item()
@@ -156,7 +158,8 @@ def check_2(ex, seed):
         attn = randomise(MixedHeadAttention(cfg, n_lap), 0.1, seed).eval()
         x = torch.randn(2, 17, cfg.n_embd)
         with torch.no_grad():
-            fused, yours = attn(x), ex.mixed_head_attention(attn, x)
+            fused = attn(x)
+            yours = ex.mixed_head_attention(attn, x)
         err = (fused - yours).abs().max().item() if yours.shape == fused.shape else math.inf
         ok &= expect(err <= 1e-5, f"{preset:8s} causal={str(cfg.causal):5s} {'no RoPE' if cfg.causal else '':7s} "
                                   f"n_lap={n_lap} of {cfg.n_head}: max |fused - yours| = {err:.1e} (at most 1e-5)")
@@ -165,11 +168,13 @@ def check_2(ex, seed):
 # ---- exercise 3: the causal case -------------------------------------------------------------------------------
 
 def check_3(ex, seed):
-    ok, idx = True, torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(seed))
+    ok = True
+    idx = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(seed))
     for n_lap in (0, [0, 2, 4, 1], 4):
         model = randomise(build_model(make_config("gpt-tiny", n_lap=n_lap, vocab_size=50)), 0.1, seed).eval()
         with torch.no_grad():
-            full, yours = model(idx)[:, 0], ex.first_position_logits(model, idx)
+            full = model(idx)[:, 0]
+            yours = ex.first_position_logits(model, idx)
         err = (full - yours).abs().max().item() if yours.shape == full.shape else math.inf
         ok &= expect(err < 1e-4, f"n_lap={n_lap}: max |model(idx)[:, 0] - yours| = {err:.1e}")
     # nanolap's facts, for contrast: a Laplacian layer gives position 0 nothing, so its attention weights get no
@@ -211,7 +216,8 @@ def check_4(ex, depth, n_seq, seq_len, n_embd, n_head, out, figure, seed):
     # the reference solution's values on fixed tokens, computed on another CPU: in float64 from small integers, another
     # CPU or another order of the sums rounds them apart by 1e-17 or so, far inside 1e-9
     for case in expected(4):
-        want, got = case["within_seq_frac"], ex.within_seq_frac(case["h"])
+        want = case["within_seq_frac"]
+        got = ex.within_seq_frac(case["h"])
         ok &= expect(abs(want - got) < 1e-9, f"{case['name']}: within_seq_frac {got:.6f}, the reference's {want:.6f}")
     if not ok:
         return False
@@ -226,7 +232,8 @@ def check_4(ex, depth, n_seq, seq_len, n_embd, n_head, out, figure, seed):
         print(f"  {name:30s}" + " ".join(f"{curve[layer]:7.1e}" for layer in shown))
     if figure:
         plot_curves(curves, n_head, n_embd, os.path.join(out, "collapse.png"))
-    att, lap = curves[(0, False)][-1], curves[(n_head, False)][-1]
+    att = curves[(0, False)][-1]
+    lap = curves[(n_head, False)][-1]
     return expect(att < lap, f"after {depth} layers: attention-only {att:.2e} < Laplacian {lap:.2e}")
 
 
@@ -337,7 +344,8 @@ HEAD_PARAMETERS = ("gate_logit", "lam")  # exercise 6's gates and exercise 10's 
 
 def normalised(imgs, model, data):
     """uint8 images -> the model's normalised input (as training sees it, without augmentation)."""
-    mean, std = torch.tensor(data["mean"]).view(1, -1, 1, 1), torch.tensor(data["std"]).view(1, -1, 1, 1)
+    mean = torch.tensor(data["mean"]).view(1, -1, 1, 1)
+    std = torch.tensor(data["std"]).view(1, -1, 1, 1)
     return (augment.to_unit(imgs, model.config.img_size) - mean) / std
 
 
@@ -345,12 +353,14 @@ def train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, s
     """AdamW on random training batches of data (images.load_images; no augmentation), cosine learning rates; the
     HEAD_PARAMETERS get their own learning rate and no weight decay, which would pull them back to their start. Returns
     the accuracy on the first val_images validation images."""
-    (x, y), (xv, yv) = data["train"], data["val"]
+    x, y = data["train"]
+    xv, yv = data["val"]
     heads = [p for n, p in model.named_parameters() if n.endswith(HEAD_PARAMETERS)]
     rest = [p for n, p in model.named_parameters() if not n.endswith(HEAD_PARAMETERS)]
     groups = [dict(params=rest, lr=lr, weight_decay=0.05), dict(params=heads, lr=head_lr, weight_decay=0.0)]
     opt = torch.optim.AdamW(groups) if steps else None  # --steps=0 evaluates the initial model
-    g, t0 = torch.Generator().manual_seed(seed), time.time()
+    g = torch.Generator().manual_seed(seed)
+    t0 = time.time()
     model.train()
     for step in range(1, steps + 1):
         for group, peak in zip(opt.param_groups, (lr, head_lr)):  # cosine decay to 0
@@ -398,7 +408,8 @@ def trained_tokens(run, max_samples, seed):
     ckpt = common.load_checkpoint(os.path.join(run, "ckpt.pt"))
     model = common.load_model(ckpt).eval()
     x, _, _, mean, std = images.eval_images(ckpt, max_samples, seed)
-    mean, std = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+    mean = torch.tensor(mean).view(1, -1, 1, 1)
+    std = torch.tensor(std).view(1, -1, 1, 1)
     hs = []
     with torch.no_grad():
         for i in range(0, len(x), 64):
@@ -447,7 +458,8 @@ def check_8(ex, out, sample_chars, seed):
               f"{r['spectrum']['k_0.99']:7.2f}")
     for r in runs:
         ckpt = common.load_checkpoint(os.path.join(r["run"], "ckpt.pt"))
-        model, tok = common.load_model(ckpt).eval(), text.get_tokenizer(ckpt["meta"])
+        model = common.load_model(ckpt).eval()
+        tok = text.get_tokenizer(ckpt["meta"])
         idx = torch.tensor([tok.encode("\n")])
         g = torch.Generator().manual_seed(seed)
         sample = tok.decode(model.generate(idx, sample_chars, temperature=0.8, top_k=200, generator=g)[0].tolist())
@@ -513,7 +525,8 @@ def attnscale_by_matrix(module, config, x):
     times the values, then the projection. P comes from nanolap's explicit path, through a MixedHeadAttention that
     holds module's weights."""
     B, T, C = x.shape
-    H, D = module.n_head, module.head_dim
+    H = module.n_head
+    D = module.head_dim
     plain = MixedHeadAttention(config, n_lap=0).eval()
     plain.load_state_dict(module.state_dict(), strict=False)  # strict=False: it has no lam
     _, P = plain(x, explicit=True, return_attn=True)  # (B, H, T, T)
@@ -560,7 +573,8 @@ def check_attnscale(ex, seed):
     for lam in ([0.0] * 4, [-1.0] * 4, [0.5, -0.5, -2.0, 1.5]):
         with torch.no_grad():
             module.lam.copy_(torch.tensor(lam))
-            got, want = module(x), attnscale_by_matrix(module, cfg, x)
+            got = module(x)
+            want = attnscale_by_matrix(module, cfg, x)
         err = (got - want).abs().max().item() if got.shape == want.shape else math.inf
         ok &= expect(err < 1e-5, f"lambda = {lam}: against U + (1 + lambda)(P - U) written out, max error {err:.1e}")
     calls = fused_calls(module, x)
@@ -650,7 +664,8 @@ def main(argv=None):
         print(__doc__.strip() + f"\n\nusage: python exercises/check.py N [--hint[=K]] [--solution] [--key=value ...], "
               f"N in 1..{max(CHECKS)}")
         return 0 if {"-h", "--help"} & set(argv) else 2
-    number, rest = int(argv[0]), argv[1:]
+    number = int(argv[0])
+    rest = argv[1:]
     if {"-h", "--help"} & set(rest):
         print(f"exercise {number} options: " + " ".join(f"--{k}={v!r}" for k, v in OPTIONS[number].items()))
         return 0
