@@ -120,20 +120,20 @@ class SpectrumStats:
         self.n = 0
         self.sum = 0.0
         self.sumsq = 0.0
-        self.k_sum = {a: 0.0 for a in alphas}
+        self.k_sum = {alpha: 0.0 for alpha in alphas}
     def update(self, h):
         lam = seq_spectrum(h.detach())
         self.n = self.n + len(lam)
         self.sum = self.sum + lam.sum(0)
         self.sumsq = self.sumsq + lam.square().sum(0)
-        for a in self.alphas:
-            self.k_sum[a] += k_alpha(lam, a).double().sum()
+        for alpha in self.alphas:
+            self.k_sum[alpha] += k_alpha(lam, alpha).double().sum()
     def result(self):
         mean = self.sum.cpu() / self.n
         meansq = self.sumsq.cpu() / self.n
         std = (meansq - mean.square()).clamp(min=0).sqrt()
         return {"lambda_mean": mean.tolist(), "lambda_std": std.tolist(), "n_sequences": self.n,
-                **{f"k_{a}": float(self.k_sum[a] / self.n) for a in self.alphas}}
+                **{f"k_{alpha}": float(self.k_sum[alpha] / self.n) for alpha in self.alphas}}
 
 def class_anova(x, y):
     """Two-way ANOVA of samples x (n, d) with labels y: TotalVar = mean |x - m|^2 = WithinClassVar (mean |x - mu_y|^2)
