@@ -1,7 +1,8 @@
 """
 Token geometry of nanolap checkpoints: the analyses of section 4 of Zhang & Papyan, "Laplacian Heads Improve
-Transformers by Smoothing Token Representations" (2026). geometry.py defines every measure in its docstrings and
-figures.py draws them; this command runs trained checkpoints through them.
+Transformers by Smoothing Token Representations" (2026). geometry.py defines the measures of the tokens in its
+docstrings and figures.py draws them; this command runs trained checkpoints through them, and adds two readings of
+the model's own parameters (AnovaViews, head_weights).
 
     python analyze.py out/vit                                    # one run: writes out/vit/analysis/
     python analyze.py out/x.pt                                   # a loose checkpoint: writes out/x-analysis/
