@@ -40,6 +40,9 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps, blocks=blocks))
         self.ns_dtype = ns_dtype  # the Newton-Schulz iteration's dtype (orthogonalize)
         self.orthogonalize = torch.compile(orthogonalize, dynamic=False) if compile else orthogonalize
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)  # once, not at every step
 
     @torch.no_grad()
     def step(self):
@@ -53,7 +56,7 @@ class Muon(torch.optim.Optimizer):
         params = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
         for group in self.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
-            bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in ps]
+            bufs = [self.state[p]["momentum_buffer"] for p in ps]
             if ps:
                 torch._foreach_lerp_(bufs, [p.grad for p in ps], 1 - group["momentum"])
         mine = {}  # group -> (group, the parameters this process updates)

@@ -359,6 +359,25 @@ def test_stacked_muon_equals_the_per_matrix_muon_over_20_steps(n_embd, n_kv_head
             assert (p - start[names[id(p)]]).abs().max() > 1e3 * (p - q).abs().max()  # far more than they differ
 
 
+def test_muon_makes_its_momentum_buffers_once(monkeypatch):
+    """With the optimizer, not in every step: a zeros_like per matrix and step allocates and fills memory for nothing."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(8, 4))
+    muon = train_gpt.Muon([weight], lr=0.02)
+    made = []
+    zeros_like = torch.zeros_like
+
+    def counted_zeros_like(t, *args, **kwargs):
+        made.append(tuple(t.shape))
+        return zeros_like(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros_like", counted_zeros_like)
+    for _ in range(3):
+        weight.grad = torch.randn(8, 4)
+        muon.step()
+    assert made == [] and muon.state[weight]["momentum_buffer"].abs().sum() > 0  # the buffer there moved
+
+
 def test_optimizer_groups_and_schedules():
     model = build_model(make_config("gpt-tiny", n_layer=2, vocab_size=50))
     adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.1, (0.8, 0.95))
