@@ -333,6 +333,14 @@ def check_finite(value, step, first_step=None, what="loss"):
         where = f"{steps}: stopped before a checkpoint holds the weights of these steps"
     raise FloatingPointError(f"non-finite {what} {float(value)} {where}. Try a lower learning rate or --grad_clip.")
 
+@torch.no_grad()
+def check_finite_weights(tensors, step):
+    """Stop before a checkpoint would save a NaN or inf: the weights that steps not yet checked may have spoiled (under
+    float16 a step's gradient norm is the scaler's 0, so only the weights tell). One host read."""
+    if not torch.stack([t.isfinite().all() for t in tensors]).all():
+        raise FloatingPointError(f"non-finite weights after step {step}: stopped before they are saved. "
+                                 f"Try a lower learning rate or --grad_clip.")
+
 def format_time(seconds):
     s = int(seconds)
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

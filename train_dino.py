@@ -183,13 +183,6 @@ def cancel_last_layer_grads(head, epoch, freeze_epochs):
             p.grad = None
 
 @torch.no_grad()
-def check_finite_weights(tensors, step):
-    """Stop before a checkpoint would save a NaN or inf: the weights that a loss not yet read may have spoiled."""
-    if not torch.stack([t.isfinite().all() for t in tensors]).all():  # one host read
-        raise FloatingPointError(f"non-finite weights after step {step}: stopped before they are saved. "
-                                 f"Try a lower learning rate or --grad_clip.")
-
-@torch.no_grad()
 def teacher_stats(teacher_out, center, temp):
     """t_std: std across the batch of the centred teacher outputs, mean over dims; t_ent: softmax entropy / ln(K)."""
     t = teacher_out.float() - center
@@ -376,7 +369,7 @@ if __name__ == "__main__":
             if n_loss:  # the losses since the last progress line: no checkpoint holds a step before its loss is read
                 common.check_finite(loss_sum.item(), step - 1, first_step=step - n_loss)
             if master:  # k-NN of the teacher backbone, then a checkpoint with every process's random state
-                check_finite_weights([*student.parameters(), *teacher.parameters(), center], step)
+                common.check_finite_weights([*student.parameters(), *teacher.parameters(), center], step)
                 knn_acc = probes.knn_eval(teacher_backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
                 knn_init = knn_acc if step == 0 else knn_init
                 common.append_jsonl(log_path, dict(

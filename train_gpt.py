@@ -137,11 +137,12 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
     the lm_head (learning rates scaled by 1/sqrt(n_embd / 768), tuned at width 768). Or (kind 'adamw')
     one AdamW for everything. Every group remembers its peak learning rate as initial_lr. Muon orthogonalises in
     bfloat16 where --dtype=auto would train in it, else in float32; compile=True compiles its iteration."""
-    on_cuda = next(model.parameters()).is_cuda
+    # fused AdamW: one kernel for the step, which under float16 reads optimizer_step's skip decision on the device
+    fused = next(model.parameters()).device.type in ("cuda", "cpu")
     auto = common.amp_dtype(next(model.parameters()).device)
     if kind == "adamw":
         groups = [dict(params=list(model.parameters()), lr=lr, weight_decay=weight_decay)]
-        optimizers = [torch.optim.AdamW(groups, betas=betas, fused=on_cuda)]
+        optimizers = [torch.optim.AdamW(groups, betas=betas, fused=fused)]
     else:
         # q, k and v as three matrices, as nanochat's c_q, c_k, c_v (the uniform graph: v alone); qkv_rows: their heights
         qkv = [block.attn.qkv.weight for block in model.blocks]
@@ -151,7 +152,7 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         assert len(matrices) + len(qkv) + 2 == len(list(model.parameters())), "every parameter needs an optimizer"
         scale = (model.config.n_embd / 768) ** -0.5
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
-        optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
+        optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=fused),
                       Muon([dict(params=matrices), dict(params=qkv, blocks=model.blocks[0].attn.qkv_rows)],
                            lr=matrix_lr, weight_decay=weight_decay,
                            ns_dtype=torch.bfloat16 if auto == torch.bfloat16 else torch.float32, compile=compile)]
@@ -327,7 +328,10 @@ if __name__ == "__main__":
         # a resumed run's first step was evaluated before it stopped
         evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None or last)
         if evaluating or stopped:  # a checkpoint may follow: no weight it saves may come from a non-finite step
-            common.check_finite(logged_norm, step - 1, first_step=step - logged_steps, what="gradient norm")
+            loss_sum, norm_sum = common.all_reduce_mean(torch.stack([logged_loss, logged_norm]), run_device).tolist()
+            common.check_finite(loss_sum, step - 1, first_step=step - logged_steps)
+            common.check_finite(norm_sum, step - 1, first_step=step - logged_steps, what="gradient norm")
+            common.check_finite_weights(raw_model.parameters(), step - 1)  # float16: the norm is the scaler's 0
         t_eval = time.time()  # the read above waited for the steps: from here on it is evaluation time
         if evaluating:
             model.eval()

@@ -369,6 +369,7 @@ if __name__ == "__main__":
             loss_value, norm_value = sums.tolist()  # waits for the GPU
             common.check_finite(loss_value, step - 1, first_step=step - steps_in_log)
             common.check_finite(norm_value, step - 1, first_step=step - steps_in_log, what="gradient norm")
+            common.check_finite_weights(raw_model.parameters(), step - 1)  # float16: the norm is the scaler's 0
         if step % log_interval == 0 or step == max_iters:
             dt = time.time() - t_log
             speeds.append(img_count / dt)

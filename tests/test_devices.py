@@ -1,9 +1,9 @@
 """The machines students train on, tested on the CPU with the GPU faked: --dtype=auto per device (a T4 gets float16
 with a gradient scaler, an A100 or newer bfloat16, a CPU or a Mac float32; --dtype=bfloat16 on a T4 falls back to
 float16 in one line; every config/ recipe leaves dtype auto) and MFU against that dtype's peak;
-train_gpt.py's float16 step (AdamW and Muon: unscale each, clip, step each, one scaler update); out of memory,
-a missing Triton and processes that cannot start, each in one line, while an error in the code (out of memory too)
-keeps its traceback; the Windows environment of gloo."""
+train_gpt.py's float16 step (AdamW and Muon: unscale each, clip, one skip decision for both, one scaler update, no
+host read); out of memory, a missing Triton and processes that cannot start, each in one line, while an error in the
+code (out of memory too) keeps its traceback; the Windows environment of gloo."""
 
 import ast
 import glob
@@ -122,15 +122,12 @@ def tiny_gpt_with_gradients(scaler=torch.amp.GradScaler("cpu", enabled=False)):
     return model, optimizers
 
 
-def test_gpt_step_unscales_each_optimiser_clips_steps_each_and_updates_once(monkeypatch):
+def test_gpt_step_unscales_each_optimiser_clips_steps_each_on_one_skip_decision_and_updates_once(monkeypatch):
     calls = []
 
     class RecordingScaler:
         def unscale_(self, optimizer):
             calls.append(("unscale", type(optimizer).__name__))
-
-        def step(self, optimizer):
-            calls.append(("step", type(optimizer).__name__))
 
         def update(self):
             calls.append(("update",))
@@ -144,9 +141,65 @@ def test_gpt_step_unscales_each_optimiser_clips_steps_each_and_updates_once(monk
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     model, optimizers = tiny_gpt_with_gradients()
+    for optimizer in optimizers:
+        def step(optimizer=optimizer):
+            calls.append(("step", type(optimizer).__name__, optimizer.found_inf))
+        optimizer.step = step
     train_gpt.optimizer_step(optimizers, RecordingScaler(), model.parameters(), 0.5)
-    assert calls == [("unscale", "AdamW"), ("unscale", "Muon"), ("clip", 0.5), ("step", "AdamW"), ("step", "Muon"),
-                     ("update",)]
+    no = torch.tensor(0.0)
+    assert calls == [("unscale", "AdamW"), ("unscale", "Muon"), ("clip", 0.5), ("step", "AdamW", no),
+                     ("step", "Muon", no), ("update",)]
+    assert calls[3][2] is calls[4][2]  # one decision, the same tensor for both
+
+
+def optimiser_state(optimizers):
+    """Every tensor of the optimisers' states, cloned: AdamW's moments and step count, Muon's momentum buffers."""
+    return [t.clone() for optimizer in optimizers for state in optimizer.state.values() for t in state.values()]
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+@pytest.mark.parametrize("overflowed", ["AdamW", "Muon"])
+def test_an_overflow_in_either_optimisers_gradients_skips_both(overflowed, grad_clip):
+    """float16 through a real GradScaler: float16 overflowed in one optimiser's gradients only. The step must change no
+    weight and no optimiser state of either: decided per optimiser, the other stepped on the clip's inf norm (with
+    clip 1 its gradients were zeroed, so it moved on its momentum alone; with clip 0 they were NaN)."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    model, optimizers = tiny_gpt_with_gradients(scaler)
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), grad_clip)  # a first step fills the states
+    model.zero_grad(set_to_none=True)
+    x = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(2))
+    _, loss = model(x, x.roll(1, 1))
+    scaler.scale(loss).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    state = optimiser_state(optimizers)
+    optimizer = next(o for o in optimizers if type(o).__name__ == overflowed)
+    optimizer.param_groups[0]["params"][0].grad.view(-1)[0] = float("inf")
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), grad_clip)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # equal, so finite too
+    assert all(torch.equal(a, b) for a, b in zip(state, optimiser_state(optimizers)))
+    assert scaler.get_scale() == 2.0 ** 11
+    model.zero_grad(set_to_none=True)
+    x = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(3))
+    _, loss = model(x, x.roll(1, 1))
+    scaler.scale(loss).backward()
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), grad_clip)  # the next step moves them again
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_float16_step_reads_nothing_back(monkeypatch):
+    """GradScaler.step reads each optimiser's overflow on the host (a wait for the GPU) unless the optimiser reads it on
+    the device, as fused AdamW does; so must Muon, and so must the one decision for both."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    model, optimizers = tiny_gpt_with_gradients(scaler)
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
+        def read(self, *args, original=getattr(torch.Tensor, name), name=name, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, read)
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), 1.0)
+    monkeypatch.undo()
+    assert reads == [] and scaler.get_scale() == 2.0 ** 12
 
 
 def test_gpt_float16_step_equals_the_unscaled_step_and_skips_an_overflow():
