@@ -12,15 +12,16 @@ import torch.distributed as dist
 def orthogonalize(G, steps=5, eps=1e-7, dtype=torch.float32):
     """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, for each matrix of a
     stack G (..., rows, cols), with the quintic coefficients of Keller Jordan's Muon (also torch.optim.Muon's): fast,
-    and the singular values end spread around 1, which does not hurt training. dtype: bfloat16 where the GPU has
-    bfloat16 tensor cores, else float32 (float16's small range risks overflow in the iteration's products)."""
+    and the singular values end spread around 1, which does not hurt training. dtype: the run's, float32 or the half
+    precision of its autocast (bfloat16, or float16 on a GPU without bfloat16 tensor cores). float16's range is
+    enough: the Frobenius normalisation leaves every singular value at most 1, the quintic keeps them below 1.21, and
+    so every entry of every product stays far below float16's largest number, 65504. G is normalised in its own dtype
+    before it is rounded, so that a small update does not lose its digits among float16's smallest numbers."""
     a = 3.4445  # the quintic's coefficients, one polynomial
     b = -4.7750
     c = 2.0315
-    X = G.to(dtype)
-    if X.size(-2) > X.size(-1):
-        X = X.mT
-    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    X = G.mT if G.size(-2) > G.size(-1) else G
+    X = (X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)).to(dtype)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X

@@ -132,14 +132,14 @@ def train_batch(tokens, seed, step, chunk, batch_size, block_size, device):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
-def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas, compile=False):
+def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas, compile=False,
+                     dtype=torch.float32):
     """nanochat (kind 'muon'): Muon for the 2-D matrices inside the blocks, AdamW for the embedding and
     the lm_head (learning rates scaled by 1/sqrt(n_embd / 768), tuned at width 768). Or (kind 'adamw')
     one AdamW for everything. Every group remembers its peak learning rate as initial_lr. Muon orthogonalises in
-    bfloat16 where --dtype=auto would train in it, else in float32; compile=True compiles its iteration."""
+    the run's dtype (bfloat16 or float16 under autocast, else float32); compile=True compiles its iteration."""
     # fused AdamW: one kernel for the step, which under float16 reads optimizer_step's skip decision on the device
     fused = next(model.parameters()).device.type in ("cuda", "cpu")
-    auto = common.amp_dtype(next(model.parameters()).device)
     if kind == "adamw":
         groups = [dict(params=list(model.parameters()), lr=lr, weight_decay=weight_decay)]
         optimizers = [torch.optim.AdamW(groups, betas=betas, fused=fused)]
@@ -155,7 +155,7 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=fused),
                       Muon([dict(params=matrices), dict(params=qkv, blocks=model.blocks[0].attn.qkv_rows)],
                            lr=matrix_lr, weight_decay=weight_decay,
-                           ns_dtype=torch.bfloat16 if auto == torch.bfloat16 else torch.float32, compile=compile)]
+                           ns_dtype=dtype, compile=compile)]
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]
@@ -257,7 +257,8 @@ if __name__ == "__main__":
     raw_model = nanolap.build_model(model_config).to(run_device)
     optimizers = build_optimizers(raw_model, kind=optimizer_name, lr=lr, matrix_lr=matrix_lr, embedding_lr=embedding_lr,
                                   unembedding_lr=unembedding_lr, weight_decay=weight_decay, betas=(beta1, beta2),
-                                  compile=compile_model and run_device.startswith("cuda"))  # a GPU gains, a CPU waits
+                                  compile=compile_model and run_device.startswith("cuda"),  # a GPU gains, a CPU waits
+                                  dtype=amp_dtype)
     scaler = torch.amp.GradScaler(run_device.split(":")[0], enabled=amp_dtype == torch.float16)  # float16 only
     step = 0
     best_val_loss = float("inf")

@@ -102,13 +102,12 @@ def test_every_config_leaves_dtype_auto():
         assert "n_lap" in values and values.get("dtype", "auto") == "auto", path
 
 
-@pytest.mark.parametrize("auto, newton_schulz", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
-                                                  (torch.float32, torch.float32)])
-def test_muon_orthogonalises_in_bfloat16_only_where_auto_trains_in_it(monkeypatch, auto, newton_schulz):
-    monkeypatch.setattr(common, "amp_dtype", lambda device, requested="auto": auto)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_muon_orthogonalises_in_the_runs_dtype(dtype):
+    """A T4's float16 run orthogonalises in float16 (its tensor cores'), an A100's in bfloat16, a float32 run in float32."""
     model = build_model(make_config("gpt-tiny", vocab_size=16, block_size=8))
-    adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95))
-    assert muon.ns_dtype == newton_schulz
+    adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95), dtype=dtype)
+    assert muon.ns_dtype == dtype
 
 
 # ---- train_gpt.py in float16: AdamW and Muon behind one gradient scaler
@@ -233,10 +232,11 @@ def test_train_gpt_trains_in_float16_on_the_cpu(data_dir, tmp_path, capsys):
                 "--eval_iters=2", "--log_interval=1", "--max_new_tokens=0", "--device=cpu", "--cpu_procs=1",
                 "--dtype=float16", "--max_iters=3", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={tmp_path}"]
     try:
-        runpy.run_path(os.path.join(ROOT, "train_gpt.py"), run_name="__main__")
+        found = runpy.run_path(os.path.join(ROOT, "train_gpt.py"), run_name="__main__")
     finally:
         sys.argv = argv
     assert "cpu, float16 autocast with a gradient scaler" in capsys.readouterr().out
+    assert found["optimizers"][1].ns_dtype == torch.float16  # Muon orthogonalised in the run's dtype
     assert float(common.read_result(str(tmp_path))["val_loss"]) < 10
     assert common.load_checkpoint(str(tmp_path / "ckpt.pt"))["scaler"]["scale"] > 0  # a scaler that was enabled
 

@@ -359,6 +359,33 @@ def test_stacked_muon_equals_the_per_matrix_muon_over_20_steps(n_embd, n_kv_head
             assert (p - start[names[id(p)]]).abs().max() > 1e3 * (p - q).abs().max()  # far more than they differ
 
 
+@pytest.mark.slow  # half a minute: the float32 products of 3072 x 768 matrices
+@pytest.mark.parametrize("d", [384, 768])  # the README's gpt-small line on a T4; gpu_check's d12
+def test_newton_schulz_in_float16_stays_finite_and_within_1e_2_of_float32(monkeypatch, d):
+    """A T4 orthogonalises in float16, the run's dtype. On stacks of random updates of the GPT's matrix shapes (q, k, v
+    and the projection d x d, the MLP's 4d x d and d x 4d), of unit scale and of 1e-6 (a gradient's entries late in
+    training), every float16 result is finite and within 1e-2 of float32's (relative Frobenius norm). The CPU's float16
+    matmul is a slow reference kernel: here products take float16 inputs, add up in float32 and round to float16, as
+    the GPU's tensor cores do; every other operation is float16's own."""
+    matmul = torch.Tensor.__matmul__
+
+    def tensor_core_matmul(x, y):
+        if x.dtype == torch.float16:
+            return matmul(x.float(), y.float()).half()
+        return matmul(x, y)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", tensor_core_matmul)
+    generator = torch.Generator().manual_seed(0)
+    for shape in [(d, d), (4 * d, d), (d, 4 * d)]:
+        for scale in (1.0, 1e-6):
+            updates = torch.randn(2, *shape, generator=generator) * scale
+            half = optim.orthogonalize(updates, dtype=torch.float16)
+            full = optim.orthogonalize(updates)
+            error = (half - full).norm(dim=(-2, -1)) / full.norm(dim=(-2, -1))
+            assert half.dtype == torch.float32 and half.isfinite().all(), (shape, scale)
+            assert error.max() < 1e-2, (shape, scale, error)
+
+
 def test_muon_makes_its_momentum_buffers_once(monkeypatch):
     """With the optimizer, not in every step: a zeros_like per matrix and step allocates and fills memory for nothing."""
     torch.manual_seed(0)
