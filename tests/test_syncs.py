@@ -1,9 +1,9 @@
 """A training step reads no number back from its tensors outside the logging interval: on a GPU every such read
 (.item(), float(), bool(), int(), .tolist()) makes the host wait until the GPU has finished all queued work, so a step
 that reads one can no longer run ahead of its kernels. The scripts train here in this process with those methods
-counted; a read is charged to the repository's own line that made it (not to torch's internals), and to the training
-step the script was at (its `step` variable) at that moment. And the loops that stopped reading still train the
-same: seeded runs end where they ended before."""
+counted; a read is charged to the repository's own line that made it (not to torch's internals, wherever the Python
+that runs the tests keeps them), and to the training step the script was at (its `step` variable) at that moment. And
+the loops that stopped reading still train the same: seeded runs end where they ended before."""
 
 import os
 import sys
@@ -17,10 +17,31 @@ from conftest import ROOT, result, run, run_here
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
 
 
+def project_code(filename):
+    """Whether filename is the repository's own code, tests excepted: a file inside the clone, outside tests/, and
+    outside the Python that runs the tests and its packages, which the README's set-up puts inside the clone (.venv)."""
+    installed = tuple(os.path.join(prefix, "") for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix))
+    inside = filename.startswith(os.path.join(ROOT, ""))
+    return inside and not filename.startswith(os.path.join(ROOT, "tests", "")) and not filename.startswith(installed)
+
+
+def charge(counts, path, frame):
+    """Count one read that the code of frame made: on the repository's line that made it, at the step of the script at
+    path (its `step`). Made inside torch, or outside the loop (no `step` yet), it does not count."""
+    if not project_code(frame.f_code.co_filename):
+        return
+    script_frame = frame
+    while script_frame and script_frame.f_code.co_filename != path:
+        script_frame = script_frame.f_back
+    step = script_frame.f_globals.get("step") if script_frame else None
+    if step is not None:
+        counts[step, f"{os.path.relpath(frame.f_code.co_filename, ROOT)}:{frame.f_lineno}"] += 1
+
+
 def reads_by_step(monkeypatch, script, *args):
     """Run script with args in this process; returns its globals and Counter{(step, 'file:line'): reads} of the reads
-    that the repository's code (tests excepted) made itself while the script's loop had a `step`. A read inside
-    torch is torch's: a CPU optimizer reads its step count (a CPU tensor on a GPU too), a fused GPU one does not."""
+    that the repository's code made itself while the script's loop had a `step`. A read inside torch is torch's: a CPU
+    optimizer reads its step count (a CPU tensor on a GPU too), a fused GPU one does not."""
     path = os.path.join(ROOT, script)
     counts = Counter()
 
@@ -29,14 +50,7 @@ def reads_by_step(monkeypatch, script, *args):
             frame = sys._getframe(1)
             if frame.f_code.co_name == "__format__" and frame.f_code.co_filename == torch._tensor.__file__:
                 frame = frame.f_back  # f"{loss:.4f}" reads through Tensor.__format__
-            caller = frame.f_code.co_filename
-            if caller.startswith(ROOT) and os.sep + "tests" + os.sep not in caller:
-                script_frame = frame
-                while script_frame and script_frame.f_code.co_filename != path:
-                    script_frame = script_frame.f_back
-                step = script_frame.f_globals.get("step") if script_frame else None
-                if step is not None:
-                    counts[step, f"{os.path.relpath(caller, ROOT)}:{frame.f_lineno}"] += 1
+            charge(counts, path, frame)
             return original(self, *a, **k)
         return read
 
@@ -48,6 +62,16 @@ def reads_by_step(monkeypatch, script, *args):
 def off_interval(counts, allowed):
     """The reads made at a step outside allowed: {(step, line): reads}."""
     return {key: n for key, n in counts.items() if key[0] not in allowed}
+
+
+def test_the_readmes_venv_inside_the_clone_is_not_project_code(monkeypatch):
+    """The README makes its .venv inside the clone: torch's files lie under the repository's root there, and a read
+    that torch's optimizer makes is torch's, not the repository's."""
+    venv = os.path.join(ROOT, ".venv")
+    monkeypatch.setattr(sys, "prefix", venv)
+    assert not project_code(os.path.join(venv, "lib", "python3.11", "site-packages", "torch", "optim", "optimizer.py"))
+    assert project_code(os.path.join(ROOT, "optim.py")) and project_code(os.path.join(ROOT, "data", "augment.py"))
+    assert not project_code(os.path.join(ROOT, "tests", "conftest.py"))
 
 
 def test_a_gpt_step_reads_nothing_back_between_progress_lines(monkeypatch, data_dir, tmp_path):
