@@ -117,6 +117,13 @@ def all_reduce_mean(x, device="cpu"):
         t /= dist.get_world_size()
     return t.item() if t.ndim == 0 else t
 
+def to_device(t, device):
+    """A host tensor on device. To a GPU from pinned memory and without blocking: a copy from pageable memory makes the
+    host wait for the GPU's queued work, a sync in the middle of a step."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
 def amp_dtype(device, requested="auto"):
     """The dtype of --dtype on device. 'auto': bfloat16 where the GPU has bfloat16 tensor cores (capability 8.0 and up,
     as nanochat decides); float16 with a gradient scaler below; float32 on a CPU or MPS. 'bfloat16' on a CUDA GPU below

@@ -300,7 +300,7 @@ if __name__ == "__main__":
                  for s, n in (("train", eval_train), ("val", eval_val))] if master else None
     seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, size=seg_size, in_chans=in_chans)
                 for s, n in (("train", seg_train), ("val", seg_val))] if master and seg_dataset != "none" else None
-    multicrop = augment.MultiCrop(config, in_chans, data["mean"], data["std"])
+    multicrop = augment.MultiCrop(config, in_chans, data["mean"], data["std"], device=run_device)
     probe = dict(mean=data["mean"], std=data["std"], num_classes=data["num_classes"], device=run_device)
 
     # ---- student and teacher: the same ViT + DINO head; the teacher has no drop path and learns only by EMA

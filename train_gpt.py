@@ -128,9 +128,7 @@ def train_batch(tokens, seed, step, chunk, batch_size, block_size, device):
     x, y = text.get_batch(tokens, seed=seed, step=step, index=0, batch_size=(chunk + 1) * batch_size,
                           block_size=block_size, device="cpu")  # ((chunk + 1) * B, T)
     x, y = x[chunk * batch_size:], y[chunk * batch_size:]  # (B, T)
-    if str(device).startswith("cuda"):  # from pinned memory the copy runs while the host goes on
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    return common.to_device(x, device), common.to_device(y, device)
 
 def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas, compile=False,
                      dtype=torch.float32):

@@ -160,7 +160,7 @@ def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_acc
               for s in range(first_step, steps_per_epoch) for m in range(grad_accum)]
     if in_memory:
         for idx in chunks:
-            idx = idx.to(device)
+            idx = common.to_device(idx, device)
             yield data[0][idx], data[1][idx]
         return
     worker_seed = torch.Generator().manual_seed(common.step_seed(seed, epoch, first_step, rank))
