@@ -766,6 +766,35 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
     assert str(stopped.value).startswith("non-finite weights after step 2: stopped before they are saved")
 
 
+# the second process's local crops at step 1 are NaN: its loss is, and the first process's is not
+NAN_CROPS_IN_PROCESS_1 = """
+import os
+import torch
+from data import augment
+crop = augment.MultiCrop.__call__
+calls = []
+def nan_crops(self, images, generator):
+    crops = crop(self, images, generator)
+    calls.append(1)
+    if os.environ["RANK"] == "1" and len(calls) == 2:
+        crops[1] = torch.full_like(crops[1], float("nan"))
+    return crops
+augment.MultiCrop.__call__ = nan_crops
+"""
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_in_one_process_stops_every_process_together(tmp_path):
+    """float16 in two processes, the second one's loss NaN at step 1: DDP averages its NaN gradients into both, the
+    scaler skips the step in both, and the weights stay finite. The losses are summed over the processes before they
+    are checked, so both stop at the progress line of step 2 and the first says so in one line (checked apart, the
+    first went on alone and met a peer that had stopped)."""
+    done = torchrun_with(SHORT_GROUP_TIMEOUT + NAN_CROPS_IN_PROCESS_1, "train_dino.py", *TINY, "--dataset=synthetic",
+                         "--dtype=float16", "--log_interval=2", "--epochs=1", f"--out_dir={tmp_path}")
+    assert done.returncode != 0
+    assert re.search(r"error: non-finite loss nan in steps 0-1: stopped before a checkpoint", done.stderr), done.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_the_final_probes_keep_no_process_waiting(tmp_path):
     """The first process runs the final probes alone, after the processes have parted: here they take 8 s, longer than
