@@ -525,6 +525,22 @@ def test_dino_passes_are_the_teachers_forward_on_global_crops_and_the_students_o
     assert all(p.grad is not None for p in student.parameters()) and all(p.grad is None for p in teacher.parameters())
 
 
+def test_dino_passes_compile_each_backbone_as_train_dino_does(monkeypatch):
+    """train_dino.py compiles each backbone with dynamic=False (a static graph per crop size, never a dynamic one):
+    the loop row's model passes must time those graphs."""
+    compiled = []
+
+    def compile(model, **options):
+        compiled.append(options)
+        return model
+
+    monkeypatch.setattr(torch, "compile", compile)
+    ckpt = tiny_checkpoint("dino")
+    ckpt["config"]["compile_model"] = True
+    gpu_check.model_passes(ckpt, "cpu")
+    assert compiled == [dict(dynamic=False), dict(dynamic=False)]  # the student's backbone and the teacher's
+
+
 def test_a_finished_runs_model_passes_print_their_milliseconds_or_why_not(tmp_path, capsys):
     torch.save(tiny_checkpoint("gpt", total_batch_size=2 * 3 * 16), tmp_path / common.CHECKPOINT)
     gpu_check.print_model_passes(str(tmp_path))
