@@ -192,11 +192,15 @@ def evaluate(model, batches, img_size, mean, std, ctx=nullcontext(), world=1):
     model.eval()
     device = mean.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    size = None  # the first batch's: a shorter last batch is padded to it, or a compiled model compiles a second graph
     for x, y in batches:
+        size = size or len(y)
+        x = torch.cat([x, x.new_zeros(size - len(x), *x.shape[1:])])  # black images ...
+        y = F.pad(y, (0, size - len(y)), value=-100)  # ... whose label the loss ignores and no prediction matches
         with ctx:
             logits = model((augment.to_unit(x, img_size) - mean) / std).float()
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(-1) == y).sum(),
-                             torch.tensor(len(y), device=device)]).double()
+                             (y >= 0).sum()]).double()
     model.train()
     sums = common.all_reduce_mean(sums, device) * world
     return (sums[1] / sums[2]).item(), (sums[0] / sums[2]).item()

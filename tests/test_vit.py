@@ -377,6 +377,24 @@ def test_evaluate_counts_accuracy_and_loss():
     assert acc == pytest.approx((logits.argmax(-1) == y).float().mean().item())
     assert loss == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-5)
 
+@pytest.mark.slow  # importing torch's compiler takes seconds
+def test_evaluate_compiles_no_second_graph_for_a_shorter_last_batch():
+    """10 images in batches of 4: the last batch of 2 is padded to 4, so a compiled model traces one graph (an epoch's
+    end of the CPU default, 10,000 images in batches of 1,024, left 784 and compiled a second one)."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return graph.forward
+
+    model = torch.compile(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)), backend=counting_backend)
+    x, y = (torch.rand(10, 1, 2, 2) * 255).to(torch.uint8), torch.randint(0, 3, (10,))
+    mean, std = torch.tensor(0.5).view(1, 1, 1, 1), torch.tensor(0.2).view(1, 1, 1, 1)
+    acc, loss = train_vit.evaluate(model, train_vit.val_batches((x, y), 4, 0, 1, "cpu"), 2, mean, std)
+    assert len(graphs) == 1 and 0 <= acc <= 1 and loss > 0, graphs
+
+
 # ----------------------------------------------------------------------------- slow: learning, resume, processes
 
 
