@@ -117,6 +117,13 @@ def all_reduce_mean(x, device="cpu"):
         t /= dist.get_world_size()
     return t.item() if t.ndim == 0 else t
 
+def to_device(t, device):
+    """A host tensor on device. To a GPU from pinned memory and without blocking: a copy from pageable memory makes the
+    host wait for the GPU's queued work, a sync in the middle of a step."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
 def amp_dtype(device, requested="auto"):
     """The dtype of --dtype on device. 'auto': bfloat16 where the GPU has bfloat16 tensor cores (capability 8.0 and up,
     as nanochat decides); float16 with a gradient scaler below; float32 on a CPU or MPS. 'bfloat16' on a CUDA GPU below
@@ -332,6 +339,14 @@ def check_finite(value, step, first_step=None, what="loss"):
         steps = f"at step {step}" if first_step == step else f"in steps {first_step}-{step}"
         where = f"{steps}: stopped before a checkpoint holds the weights of these steps"
     raise FloatingPointError(f"non-finite {what} {float(value)} {where}. Try a lower learning rate or --grad_clip.")
+
+@torch.no_grad()
+def check_finite_weights(tensors, step):
+    """Stop before a checkpoint would save a NaN or inf: the weights that steps not yet checked may have spoiled (under
+    float16 a step's gradient norm is the scaler's 0, so only the weights tell). One host read."""
+    if not torch.stack([t.isfinite().all() for t in tensors]).all():
+        raise FloatingPointError(f"non-finite weights after step {step}: stopped before they are saved. "
+                                 f"Try a lower learning rate or --grad_clip.")
 
 def format_time(seconds):
     s = int(seconds)

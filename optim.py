@@ -12,15 +12,16 @@ import torch.distributed as dist
 def orthogonalize(G, steps=5, eps=1e-7, dtype=torch.float32):
     """Newton-Schulz iteration towards the nearest semi-orthogonal matrix U V^T of G = U S V^T, for each matrix of a
     stack G (..., rows, cols), with the quintic coefficients of Keller Jordan's Muon (also torch.optim.Muon's): fast,
-    and the singular values end spread around 1, which does not hurt training. dtype: bfloat16 where the GPU has
-    bfloat16 tensor cores, else float32 (float16's small range risks overflow in the iteration's products)."""
+    and the singular values end spread around 1, which does not hurt training. dtype: the run's, float32 or the half
+    precision of its autocast (bfloat16, or float16 on a GPU without bfloat16 tensor cores). float16's range is
+    enough: the Frobenius normalisation leaves every singular value at most 1, the quintic keeps them below 1.21, and
+    so every entry of every product stays far below float16's largest number, 65504. G is normalised in its own dtype
+    before it is rounded, so that a small update does not lose its digits among float16's smallest numbers."""
     a = 3.4445  # the quintic's coefficients, one polynomial
     b = -4.7750
     c = 2.0315
-    X = G.to(dtype)
-    if X.size(-2) > X.size(-1):
-        X = X.mT
-    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    X = G.mT if G.size(-2) > G.size(-1) else G
+    X = (X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)).to(dtype)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
@@ -40,6 +41,9 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps, blocks=blocks))
         self.ns_dtype = ns_dtype  # the Newton-Schulz iteration's dtype (orthogonalize)
         self.orthogonalize = torch.compile(orthogonalize, dynamic=False) if compile else orthogonalize
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)  # once, not at every step
 
     @torch.no_grad()
     def step(self):
@@ -47,13 +51,20 @@ class Muon(torch.optim.Optimizer):
         nanochat stacks them: a d12 GPT makes 4 calls a step instead of 72. In a process group the processes share
         that work, as nanochat's DistMuon does: every process updates every momentum buffer (cheap), process r
         orthogonalises and applies every world-th parameter's update and sends the new parameter to the others, so
-        each holds the whole state and the numbers are those of one process."""
+        each holds the whole state and the numbers are those of one process. Under float16, optimizer_step sets
+        found_inf as GradScaler sets it for torch's fused optimizers: 1.0, on the device, where a gradient of the step
+        overflowed; the step then leaves every weight and momentum buffer as it was, and the host reads nothing."""
+        skip = getattr(self, "found_inf", None)
+        keep = 1.0 if skip is None else 1 - skip  # 0.0 where the step is skipped
         world = dist.get_world_size() if dist.is_initialized() else 1
         rank = dist.get_rank() if world > 1 else 0
         params = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None]
         for group in self.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
-            bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in ps]
+            bufs = [self.state[p]["momentum_buffer"] for p in ps]
+            if skip is not None:  # a skipped step's gradient is its momentum buffer: the lerps below leave it as it is
+                for p, buf in zip(ps, bufs):
+                    p.grad = torch.where(skip.bool(), buf, p.grad)
             if ps:
                 torch._foreach_lerp_(bufs, [p.grad for p in ps], 1 - group["momentum"])
         mine = {}  # group -> (group, the parameters this process updates)
@@ -65,7 +76,7 @@ class Muon(torch.optim.Optimizer):
             bufs = [self.state[p]["momentum_buffer"] for p in ps]
             updates = torch._foreach_lerp([p.grad for p in ps], bufs, group["momentum"])  # Nesterov
             if group["weight_decay"]:
-                torch._foreach_mul_(ps, 1 - group["lr"] * group["weight_decay"])
+                torch._foreach_mul_(ps, 1 - group["lr"] * group["weight_decay"] * keep)
             for p, g in zip(ps, updates):
                 rows = group["blocks"] if isinstance(group["blocks"], list) else p.size(0) // group["blocks"]
                 for block, update in zip(p.split(rows), g.split(rows)):  # views of p: each block moves on its own
@@ -75,6 +86,8 @@ class Muon(torch.optim.Optimizer):
             rows, cols = updates[0].shape
             scale = max(1.0, rows / cols) ** 0.5
             orthogonal = self.orthogonalize(torch.stack(updates), group["ns_steps"], dtype=self.ns_dtype)
+            if skip is not None:
+                orthogonal = orthogonal * keep
             torch._foreach_add_(list(blocks), list(orthogonal.unbind(0)), alpha=-group["lr"] * scale)
         if world > 1:
             handles = [dist.broadcast(p, src=i % world, async_op=True) for i, (_, p) in enumerate(params)]
@@ -83,15 +96,26 @@ class Muon(torch.optim.Optimizer):
 
 
 def optimizer_step(optimizers, scaler, params, grad_clip):
-    """Clip the gradients of params, step every optimizer and return the gradient norm, unread: reading a number
-    waits for the GPU, so the scripts add it up on the device and check it at their progress lines and before each
-    checkpoint (common.check_finite). With float16 the loss was scaled (a GradScaler): every optimizer's gradients
-    are unscaled first (the clip needs their true norm), each optimizer then steps unless its gradients overflowed,
-    and the scale is updated once; such an overflow is the scaler's to handle, and the norm returned is 0."""
+    """Clip the gradients of params (those of every optimizer), step every optimizer and return the gradient norm,
+    unread: reading a number waits for the GPU, so the scripts add it up on the device and check it at their progress
+    lines and before each checkpoint (common.check_finite). With float16 the loss was scaled (a GradScaler): every
+    optimizer's gradients are unscaled first (the clip needs their true norm), and an overflow in any of them skips
+    every optimizer, decided on the device; the scale is then updated once. Such an overflow is the scaler's to
+    handle, and the norm returned is 0."""
     for optimizer in optimizers:
         scaler.unscale_(optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf)
+    if not scaler.is_enabled():
+        for optimizer in optimizers:
+            optimizer.step()
+        return grad_norm
+    # one decision for all: GradScaler.step decides per optimizer, so where only one overflowed the other would step
+    # on gradients the clip's inf norm had zeroed (momentum alone), or made NaN with grad_clip=0. Fused AdamW and Muon
+    # read found_inf on the device, as GradScaler.step hands it to fused AdamW, so no step waits for the GPU
+    found_inf = (~grad_norm.isfinite()).float()
     for optimizer in optimizers:
-        scaler.step(optimizer)  # float16: skipped (and the scale lowered) when its gradients overflowed
-    scaler.update()
-    return torch.zeros_like(grad_norm) if scaler.is_enabled() else grad_norm
+        optimizer.found_inf = found_inf
+        optimizer.step()
+        del optimizer.found_inf
+    scaler.update()  # a lower scale after an overflow
+    return torch.zeros_like(grad_norm)

@@ -184,19 +184,13 @@ def cancel_last_layer_grads(head, epoch, freeze_epochs):
             p.grad = None
 
 @torch.no_grad()
-def check_finite_weights(tensors, step):
-    """Stop before a checkpoint would save a NaN or inf: the weights that a loss not yet read may have spoiled."""
-    if not torch.stack([t.isfinite().all() for t in tensors]).all():  # one host read
-        raise FloatingPointError(f"non-finite weights after step {step}: stopped before they are saved. "
-                                 f"Try a lower learning rate or --grad_clip.")
-
-@torch.no_grad()
 def teacher_stats(teacher_out, center, temp):
-    """t_std: std across the batch of the centred teacher outputs, mean over dims; t_ent: softmax entropy / ln(K)."""
+    """(t_std, t_ent) on the device, unread: t_std, the std across the batch of the centred teacher outputs, mean over
+    dims; t_ent, the softmax entropy / ln(K)."""
     t = teacher_out.float() - center
     p = F.softmax(t / temp, dim=-1)
     entropy = -(p * torch.log(p + 1e-12)).sum(-1).mean() / math.log(p.shape[-1])
-    return t.std(dim=0).mean().item(), entropy.item()
+    return torch.stack([t.std(dim=0).mean(), entropy])
 
 # ---------------------------------------------------------------- helpers: data
 
@@ -311,7 +305,7 @@ if __name__ == "__main__":
                  for s, n in (("train", eval_train), ("val", eval_val))] if master else None
     seg_sets = [images.load_segmentation(seg_dataset, data_dir, s, n, size=seg_size, in_chans=in_chans)
                 for s, n in (("train", seg_train), ("val", seg_val))] if master and seg_dataset != "none" else None
-    multicrop = augment.MultiCrop(config, in_chans, data["mean"], data["std"])
+    multicrop = augment.MultiCrop(config, in_chans, data["mean"], data["std"], device=run_device)
     probe = dict(mean=data["mean"], std=data["std"], num_classes=data["num_classes"], device=run_device)
 
     # ---- student and teacher: the same ViT + DINO head; the teacher has no drop path and learns only by EMA
@@ -378,9 +372,11 @@ if __name__ == "__main__":
         if (step % eval_interval == 0 or step == end_step) and not (ckpt is not None and step == start_step):
             t0 = time.time()
             if n_loss:  # the losses since the last progress line: no checkpoint holds a step before its loss is read
-                common.check_finite(loss_sum.item(), step - 1, first_step=step - n_loss)
+                common.check_finite(common.all_reduce_mean(loss_sum, run_device), step - 1, first_step=step - n_loss)
+            # every process checks the same numbers (the losses summed over the processes, weights alike in all): one
+            # that stopped alone would leave the others waiting in their next collective
+            common.check_finite_weights([*student.parameters(), *teacher.parameters(), center], step)
             if master:  # k-NN of the teacher backbone, then a checkpoint with every process's random state
-                check_finite_weights([*student.parameters(), *teacher.parameters(), center], step)
                 knn_acc = probes.knn_eval(teacher_backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
                 knn_init = knn_acc if step == 0 else knn_init
                 common.append_jsonl(log_path, dict(
@@ -433,7 +429,7 @@ if __name__ == "__main__":
         scaler.update()
         ema_update(teacher, student, momentum)
         if (step + 1) % log_interval == 0 or step + 1 == end_step:
-            t_std, t_ent = teacher_stats(teacher_out, center, t_temp)
+            stats = teacher_stats(teacher_out, center, t_temp)  # read at the progress line
         center = update_center(center, teacher_out, center_momentum, run_device)
         step += 1
         images_seen += batch_size
@@ -441,7 +437,8 @@ if __name__ == "__main__":
         n_loss += 1
 
         if step % log_interval == 0 or step == end_step:
-            mean_loss = loss_sum.item() / n_loss  # the one host read of the loss in log_interval steps
+            mean_loss = common.all_reduce_mean(loss_sum, run_device) / n_loss  # every process's, read once an interval
+            t_std, t_ent = stats.tolist()
             common.check_finite(mean_loss, step - 1, first_step=step - n_loss)
             ips = images_seen / max(time.time() - t_last, 1e-9)
             print0(f"step {step}/{max_iters} | ep {step / steps_per_epoch:.2f} | loss {mean_loss:.4f} | "

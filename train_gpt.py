@@ -129,20 +129,19 @@ def train_batch(tokens, seed, step, chunk, batch_size, block_size, device):
     x, y = text.get_batch(tokens, seed=seed, step=step, index=0, batch_size=(chunk + 1) * batch_size,
                           block_size=block_size, device="cpu")  # ((chunk + 1) * B, T)
     x, y = x[chunk * batch_size:], y[chunk * batch_size:]  # (B, T)
-    if str(device).startswith("cuda"):  # from pinned memory the copy runs while the host goes on
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    return common.to_device(x, device), common.to_device(y, device)
 
-def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas, compile=False):
+def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, weight_decay, betas, compile=False,
+                     dtype=torch.float32):
     """nanochat (kind 'muon'): Muon for the 2-D matrices inside the blocks, AdamW for the embedding and
     the lm_head (learning rates scaled by 1/sqrt(n_embd / 768), tuned at width 768). Or (kind 'adamw')
     one AdamW for everything. Every group remembers its peak learning rate as initial_lr. Muon orthogonalises in
-    bfloat16 where --dtype=auto would train in it, else in float32; compile=True compiles its iteration."""
-    on_cuda = next(model.parameters()).is_cuda
-    auto = common.amp_dtype(next(model.parameters()).device)
+    the run's dtype (bfloat16 or float16 under autocast, else float32); compile=True compiles its iteration."""
+    # fused AdamW: one kernel for the step, which under float16 reads optimizer_step's skip decision on the device
+    fused = next(model.parameters()).device.type in ("cuda", "cpu")
     if kind == "adamw":
         groups = [dict(params=list(model.parameters()), lr=lr, weight_decay=weight_decay)]
-        optimizers = [torch.optim.AdamW(groups, betas=betas, fused=on_cuda)]
+        optimizers = [torch.optim.AdamW(groups, betas=betas, fused=fused)]
     else:
         # q, k and v as three matrices, as nanochat's c_q, c_k, c_v (the uniform graph: v alone); qkv_rows: their heights,
         # which differ between layers of different n_lap on the lap_uniform graph: a group per list of heights
@@ -155,10 +154,10 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
         assert len(matrices) + len(model.blocks) + 2 == len(list(model.parameters())), "every parameter needs an optimizer"
         scale = (model.config.n_embd / 768) ** -0.5
         groups = [dict(params=head, lr=unembedding_lr * scale), dict(params=embedding, lr=embedding_lr * scale)]
-        optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=on_cuda),
+        optimizers = [torch.optim.AdamW(groups, betas=betas, eps=1e-10, weight_decay=0.0, fused=fused),
                       Muon([dict(params=matrices)] + [dict(params=ps, blocks=list(rows)) for rows, ps in qkv.items()],
                            lr=matrix_lr, weight_decay=weight_decay,
-                           ns_dtype=torch.bfloat16 if auto == torch.bfloat16 else torch.float32, compile=compile)]
+                           ns_dtype=dtype, compile=compile)]
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["initial_lr"] = group["lr"]
@@ -262,7 +261,8 @@ if __name__ == "__main__":
     raw_model = nanolap.build_model(model_config).to(run_device)
     optimizers = build_optimizers(raw_model, kind=optimizer_name, lr=lr, matrix_lr=matrix_lr, embedding_lr=embedding_lr,
                                   unembedding_lr=unembedding_lr, weight_decay=weight_decay, betas=(beta1, beta2),
-                                  compile=compile_model and run_device.startswith("cuda"))  # a GPU gains, a CPU waits
+                                  compile=compile_model and run_device.startswith("cuda"),  # a GPU gains, a CPU waits
+                                  dtype=amp_dtype)
     scaler = torch.amp.GradScaler(run_device.split(":")[0], enabled=amp_dtype == torch.float16)  # float16 only
     step = 0
     best_val_loss = float("inf")
@@ -333,7 +333,10 @@ if __name__ == "__main__":
         # a resumed run's first step was evaluated before it stopped
         evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None or last)
         if evaluating or stopped:  # a checkpoint may follow: no weight it saves may come from a non-finite step
-            common.check_finite(logged_norm, step - 1, first_step=step - logged_steps, what="gradient norm")
+            loss_sum, norm_sum = common.all_reduce_mean(torch.stack([logged_loss, logged_norm]), run_device).tolist()
+            common.check_finite(loss_sum, step - 1, first_step=step - logged_steps)
+            common.check_finite(norm_sum, step - 1, first_step=step - logged_steps, what="gradient norm")
+            common.check_finite_weights(raw_model.parameters(), step - 1)  # float16: the norm is the scaler's 0
         t_eval = time.time()  # the read above waited for the steps: from here on it is evaluation time
         if evaluating:
             model.eval()

@@ -161,7 +161,7 @@ def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_acc
               for s in range(first_step, steps_per_epoch) for m in range(grad_accum)]
     if in_memory:
         for idx in chunks:
-            idx = idx.to(device)
+            idx = common.to_device(idx, device)
             yield data[0][idx], data[1][idx]
         return
     worker_seed = torch.Generator().manual_seed(common.step_seed(seed, epoch, first_step, rank))
@@ -193,11 +193,15 @@ def evaluate(model, batches, img_size, mean, std, ctx=nullcontext(), world=1):
     model.eval()
     device = mean.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    size = None  # the first batch's: a shorter last batch is padded to it, or a compiled model compiles a second graph
     for x, y in batches:
+        size = size or len(y)
+        x = torch.cat([x, x.new_zeros(size - len(x), *x.shape[1:])])  # black images ...
+        y = F.pad(y, (0, size - len(y)), value=-100)  # ... whose label the loss ignores and no prediction matches
         with ctx:
             logits = model((augment.to_unit(x, img_size) - mean) / std).float()
         sums += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(-1) == y).sum(),
-                             torch.tensor(len(y), device=device)]).double()
+                             (y >= 0).sum()]).double()
     model.train()
     sums = common.all_reduce_mean(sums, device) * world
     return (sums[1] / sums[2]).item(), (sums[0] / sums[2]).item()
@@ -373,6 +377,7 @@ if __name__ == "__main__":
             loss_value, norm_value = sums.tolist()  # waits for the GPU
             common.check_finite(loss_value, step - 1, first_step=step - steps_in_log)
             common.check_finite(norm_value, step - 1, first_step=step - steps_in_log, what="gradient norm")
+            common.check_finite_weights(raw_model.parameters(), step - 1)  # float16: the norm is the scaler's 0
         if step % log_interval == 0 or step == max_iters:
             dt = time.time() - t_log
             speeds.append(img_count / dt)

@@ -14,6 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+import common
+
 # -----------------------------------------------------------------------------
 # kernels
 
@@ -33,7 +35,7 @@ def gaussian_blur(x, sigma):
     radius = min(math.ceil(3 * float(sigma.max())), H - 1, W - 1)  # a CPU tensor: no host sync
     if radius < 1:
         return x
-    sigma = sigma.to(x.device)
+    sigma = common.to_device(sigma, x.device)
     t = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
     kernel = torch.exp(-0.5 * (t / sigma.clamp_min(1e-6).view(-1, 1)) ** 2)  # (B, K)
     kernel = kernel / kernel.sum(dim=1, keepdim=True)
@@ -59,7 +61,8 @@ def adjust_hue(x, shift):
     hue = torch.where(gray, torch.zeros_like(hue), hue)
     hue = (hue / 6.0 + 1.0 + shift.view(-1, 1, 1)) % 1.0
     # back to RGB: channel n takes v - v*s*clamp(min(k, 4 - k), 0, 1) with k = (n + 6h) mod 6, n = 5, 3, 1
-    k = (torch.tensor([5.0, 3.0, 1.0], device=x.device).view(1, 3, 1, 1) + 6 * hue.unsqueeze(1)) % 6
+    n = torch.arange(5.0, 0.0, -2.0, device=x.device)  # made on the device: torch.tensor([5.0, 3.0, 1.0]) is a copy
+    k = (n.view(1, 3, 1, 1) + 6 * hue.unsqueeze(1)) % 6
     return maxc.unsqueeze(1) * (1 - sat.unsqueeze(1) * torch.minimum(k, 4 - k).clamp(0, 1))
 
 
@@ -199,10 +202,10 @@ class MultiCrop:
     normalised. Global crop 1: blur always; global crop 2: blur p=0.1, solarise p=solarize_p; local crops:
     blur p=0.5 (facebookresearch/dino). Crops of one image are B apart: global crop 2 of image i is row B + i."""
 
-    def __init__(self, config, channels, mean, std):
+    def __init__(self, config, channels, mean, std, device="cpu"):
         self.c, self.rgb = config, channels == 3
-        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
-        self.std = torch.tensor(std).view(1, -1, 1, 1)
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)  # on the images' device once, not every step
+        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
 
     def __call__(self, images, generator):
         x = images.float() / 255  # (B, C, H, W)
@@ -213,16 +216,13 @@ class MultiCrop:
         if c["local_crops"]:
             xl = x.repeat(c["local_crops"], 1, 1, 1)  # (nB, C, H, W): local crop j of image i is row j*B + i
             crops.append(self.view(xl, c["local_size"], c["local_scale"], 0.5, 0.0, generator))
-        mean, std = self.mean.to(x.device), self.std.to(x.device)
-        return [(v - mean) / std for v in crops]
+        return [(v - self.mean) / self.std for v in crops]
 
     def view(self, x, size, scale, blur_p, solarize_p, g):
         """One random view of every image: crop + resize + flip, colour jitter, grayscale, blur, solarise."""
         B, C, H, W = x.shape
         def rand(*shape, device=x.device):  # uniform numbers from the generator (on the CPU), on the images' device
-            u = torch.rand(*shape, generator=g)
-            # from pinned memory the copy is queued behind the GPU's work; a plain copy would wait for it
-            return u.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else u.to(device)
+            return common.to_device(torch.rand(*shape, generator=g), device)
 
         # RandomResizedCrop: area fraction in `scale`, aspect ratio log-uniform in [3/4, 4/3], then
         # a bicubic resize (and the horizontal flip) in one grid_sample

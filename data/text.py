@@ -139,9 +139,7 @@ def windows(tokens, starts, block_size, device):
     """Inputs x and next-token targets y (B, block_size) from windows of block_size + 1 tokens."""
     w = torch.from_numpy(np.stack([tokens[s:s + block_size + 1] for s in starts]).astype(np.int64))
     x, y = w[:, :-1], w[:, 1:]
-    if str(device).startswith("cuda"):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    return common.to_device(x, device), common.to_device(y, device)
 
 
 def load_windows(data_dir, dataset, T, max_samples, holdout=0.0):

@@ -29,7 +29,8 @@ exit status 2):
             from the run's checkpoint, forward and backward on random inputs (DINO: the teacher's forward on the
             global crops too), the median of 3 rounds of 3 passes. 1.00 = the step costs no more than its model;
             the rest is the loop's (data, augmentation, loss, optimizer, EMA, launch gaps). Measured, not derived from
-            MFU: the cost part's sizes and batches differ from the recipes'
+            MFU: the cost part's sizes and batches differ from the recipes'. And the host syncs between progress
+            lines, under CUDA's sync debug mode (count_syncs): a recipe that syncs at a step that prints nothing fails
   default   the CPU default ViT recipe to the end, in float32 (TF32 matmuls) as the CPU seeds ran (one process of
             batch 256: the global batch of the CPU default's 2 x 128); its accuracy must lie within their spread
   torchrun  train_gpt.py (and with 2 GPUs train_vit.py) under torchrun with 1 process (2 where there are 2 GPUs):
@@ -69,6 +70,7 @@ set of 8-token words over GPT-2's vocabulary size, written to out_dir/data). `de
 """
 
 import atexit
+import builtins
 import faulthandler
 import gc
 import itertools
@@ -84,6 +86,8 @@ import sys
 import threading
 import time
 import traceback
+import warnings
+from collections import Counter
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, replace
 from functools import partial
@@ -778,20 +782,70 @@ def write_tokens(folder, n_train=2**21, n_val=2**17, seed=0):
         json.dump(meta, f)
 
 
+SYNC_MARK = "gpu_check syncs_between_lines="  # print_run_facts' line of the host syncs at steps that printed nothing
+SYNCS = Counter()  # (step, 'file:line') -> host syncs of the script that runs in this process (count_syncs)
+PRINTED = set()  # the steps of that script at which it printed a line
+
+
+def script_step(script_path):
+    """The `step` of the script at script_path that runs in this process (its frame on the stack), or None."""
+    frame = sys._getframe(1)
+    while frame and frame.f_code.co_filename != script_path:
+        frame = frame.f_back
+    return frame.f_globals.get("step") if frame else None
+
+
+def count_syncs(script_path):
+    """From here on, the host syncs of the script at script_path by training step: CUDA's sync debug mode warns of each
+    (a read of a number, a copy from pageable memory, torch.tensor(numbers, device='cuda'), ...), and each goes to
+    SYNCS under the script's `step` and the line that made it; each line the script prints puts its step in PRINTED.
+    A sync at a step that printed nothing waits for the GPU between progress lines, where it should run ahead."""
+    show = warnings.showwarning
+    echo = builtins.print
+
+    def counted(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" not in str(message):
+            return show(message, category, filename, lineno, file, line)
+        step = script_step(script_path)
+        if step is not None:
+            SYNCS[step, f"{os.path.relpath(filename, ROOT)}:{lineno}"] += 1
+
+    def printed(*args, **kwargs):
+        step = script_step(script_path)
+        if step is not None:
+            PRINTED.add(step)
+        echo(*args, **kwargs)
+
+    warnings.showwarning = counted
+    warnings.filterwarnings("always", message=".*synchronizing")  # every one, not the first of each line
+    builtins.print = printed
+    torch.cuda.set_sync_debug_mode("warn")
+
+
+def syncs_line():
+    """SYNC_MARK's line: the syncs at steps that printed nothing, and the first three places of them."""
+    if not torch.cuda.is_available():
+        return f"{SYNC_MARK}not counted (no CUDA)"
+    between = sorted((key, n) for key, n in SYNCS.items() if key[0] not in PRINTED)
+    places = ", ".join(f"step {step} {line} x{n}" for (step, line), n in between[:3])
+    return f"{SYNC_MARK}{sum(n for _, n in between)}" + (f" first at {places}" if places else "")
+
+
 def print_run_facts():
-    """The lines a timed run ends with: its peak GPU memory, and how many compiled graphs came from Inductor's cache
-    (a warm cache makes the compile time say little about a fresh machine)."""
+    """The lines a timed run ends with: its peak GPU memory, how many compiled graphs came from Inductor's cache (a warm
+    cache makes the compile time say little about a fresh machine), and its host syncs between progress lines."""
     hits, misses = cache_counts()
     print(f"gpu_check compile_cache hits={hits} misses={misses}", flush=True)
     if torch.cuda.is_available():
         print(f"gpu_check peak_memory_gib={torch.cuda.max_memory_allocated() / 2**30:.2f}", flush=True)
+    print(syncs_line(), flush=True)
 
 
 def run_script_here(script, argv, colour=0, model_passes=False):
-    """The child of a timed run: `python script argv` in this process, then print_run_facts. colour > 0:
-    --dataset=synthetic means `colour` generated 32x32 colour images (colour_images). model_passes: then, once the
-    script has ended, its model's passes alone (print_model_passes). SIGUSR1 dumps every thread's stack: the parent
-    sends it before it kills a run that outlived its time."""
+    """The child of a timed run: `python script argv` in this process, its host syncs counted on a GPU (count_syncs),
+    then print_run_facts. colour > 0: --dataset=synthetic means `colour` generated 32x32 colour images (colour_images).
+    model_passes: then, once the script has ended, its model's passes alone (print_model_passes). SIGUSR1 dumps every
+    thread's stack: the parent sends it before it kills a run that outlived its time."""
     from data import images
     load_images = images.load_images
 
@@ -802,6 +856,8 @@ def run_script_here(script, argv, colour=0, model_passes=False):
     if colour:
         images.load_images = load_colour_images
     atexit.register(print_run_facts)
+    if torch.cuda.is_available():
+        count_syncs(os.path.join(ROOT, script))
     sys.argv = [script, *argv]
     runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
     if model_passes:
@@ -850,7 +906,7 @@ def dino_pass(teacher_cfg, config, device):
     nets = {}
     for name, cfg in (("student", student_cfg), ("teacher", teacher_cfg)):
         backbone = build_model(cfg).to(device)
-        backbone = torch.compile(backbone) if config.get("compile_model", False) else backbone
+        backbone = torch.compile(backbone, dynamic=False) if config.get("compile_model", False) else backbone  # as train_dino.py
         nets[name] = (backbone, DINOHead(*head_sizes, norm_last_layer=config["norm_last_layer"]).to(device))
     (student, student_head), (teacher, teacher_head) = nets["student"], nets["teacher"]
     teacher.eval()
@@ -1032,8 +1088,8 @@ def failed_run(part, name, code, lines, limit=None, item=None):
 def script_rows(name, per_step, unit, flops_per_step, peak, code, lines, limit=None, item=None):
     """The rows of one timed run from its output: RESULT with finite losses (or why there is none); steps/s, images or
     tokens/s and MFU; compile and warm-up time, peak GPU memory and the graphs from Inductor's cache; the step's time
-    over its model's (loop_row). A run killed at its limit keeps the rows its lines allow. item: the plan's name of
-    the run, whose seconds go to --measured."""
+    over its model's (loop_row); its host syncs between progress lines (sync_row). A run killed at its limit keeps the
+    rows its lines allow. item: the plan's name of the run, whose seconds go to --measured."""
     failed = failed_run("scripts", name, code, lines, limit, item)
     if failed and code is not None:
         return [failed]
@@ -1058,7 +1114,8 @@ def script_rows(name, per_step, unit, flops_per_step, peak, code, lines, limit=N
             row("scripts", f"{name}: steps/s | {unit}/s | mfu", speed, "", rate is not None or failed is not None,
                 f"{name.split()[0]}_{unit}_per_s", f"{rate * per_step:.0f}" if rate else "none", measured=measured),
             row("scripts", f"{name}: compile+warm-up s | peak GiB" + (" | graphs from cache" if cache else ""), setup),
-            loop_row(name, rate, lines, killed=code is None)]
+            loop_row(name, rate, lines, killed=code is None),
+            sync_row(name, lines, killed=code is None)]
 
 
 def model_milliseconds(lines):
@@ -1081,6 +1138,20 @@ def loop_row(name, rate, lines, killed=False):
                    f"{name.split()[0]}_step_over_model", f"{step_ms / model_ms:.2f}")
     why = error or ("no steps/s" if not rate else "the run ended before its model passes")
     return row("scripts", check, f"not measured: {why}", "", killed and error is None)
+
+
+def sync_row(name, lines, killed=False):
+    """The run's host syncs at steps that printed no line (count_syncs, under CUDA's sync debug mode): each one makes
+    the host wait for the GPU between progress lines, so the recipe fails with any. A killed run has no count and no
+    failure of its own here; without CUDA nothing is counted."""
+    check = f"{name}: host syncs between progress lines"
+    said = next((text[len(SYNC_MARK):] for _, text in reversed(lines) if text.startswith(SYNC_MARK)), None)
+    if said is None:
+        return row("scripts", check, "not counted: the run ended before it said", "0", killed)
+    if not said[0].isdigit():  # no CUDA
+        return row("scripts", check, said, "0", True)
+    count = int(said.split()[0])
+    return row("scripts", check, said, "0", count == 0, f"{name.split()[0]}_syncs_between_lines", str(count))
 
 
 def missing_data(name):

@@ -1,9 +1,9 @@
 """The machines students train on, tested on the CPU with the GPU faked: --dtype=auto per device (a T4 gets float16
 with a gradient scaler, an A100 or newer bfloat16, a CPU or a Mac float32; --dtype=bfloat16 on a T4 falls back to
 float16 in one line; every config/ recipe leaves dtype auto) and MFU against that dtype's peak;
-train_gpt.py's float16 step (AdamW and Muon: unscale each, clip, step each, one scaler update); out of memory,
-a missing Triton and processes that cannot start, each in one line, while an error in the code (out of memory too)
-keeps its traceback; the Windows environment of gloo."""
+train_gpt.py's float16 step (AdamW and Muon: unscale each, clip, one skip decision for both, one scaler update, no
+host read); out of memory, a missing Triton and processes that cannot start, each in one line, while an error in the
+code (out of memory too) keeps its traceback; the Windows environment of gloo."""
 
 import ast
 import glob
@@ -102,13 +102,12 @@ def test_every_config_leaves_dtype_auto():
         assert "n_lap" in values and values.get("dtype", "auto") == "auto", path
 
 
-@pytest.mark.parametrize("auto, newton_schulz", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
-                                                  (torch.float32, torch.float32)])
-def test_muon_orthogonalises_in_bfloat16_only_where_auto_trains_in_it(monkeypatch, auto, newton_schulz):
-    monkeypatch.setattr(common, "amp_dtype", lambda device, requested="auto": auto)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_muon_orthogonalises_in_the_runs_dtype(dtype):
+    """A T4's float16 run orthogonalises in float16 (its tensor cores'), an A100's in bfloat16, a float32 run in float32."""
     model = build_model(make_config("gpt-tiny", vocab_size=16, block_size=8))
-    adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95))
-    assert muon.ns_dtype == newton_schulz
+    adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.0, (0.8, 0.95), dtype=dtype)
+    assert muon.ns_dtype == dtype
 
 
 # ---- train_gpt.py in float16: AdamW and Muon behind one gradient scaler
@@ -122,15 +121,12 @@ def tiny_gpt_with_gradients(scaler=torch.amp.GradScaler("cpu", enabled=False)):
     return model, optimizers
 
 
-def test_gpt_step_unscales_each_optimiser_clips_steps_each_and_updates_once(monkeypatch):
+def test_gpt_step_unscales_each_optimiser_clips_steps_each_on_one_skip_decision_and_updates_once(monkeypatch):
     calls = []
 
     class RecordingScaler:
         def unscale_(self, optimizer):
             calls.append(("unscale", type(optimizer).__name__))
-
-        def step(self, optimizer):
-            calls.append(("step", type(optimizer).__name__))
 
         def update(self):
             calls.append(("update",))
@@ -144,9 +140,65 @@ def test_gpt_step_unscales_each_optimiser_clips_steps_each_and_updates_once(monk
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     model, optimizers = tiny_gpt_with_gradients()
+    for optimizer in optimizers:
+        def step(optimizer=optimizer):
+            calls.append(("step", type(optimizer).__name__, optimizer.found_inf))
+        optimizer.step = step
     train_gpt.optimizer_step(optimizers, RecordingScaler(), model.parameters(), 0.5)
-    assert calls == [("unscale", "AdamW"), ("unscale", "Muon"), ("clip", 0.5), ("step", "AdamW"), ("step", "Muon"),
-                     ("update",)]
+    no = torch.tensor(0.0)
+    assert calls == [("unscale", "AdamW"), ("unscale", "Muon"), ("clip", 0.5), ("step", "AdamW", no),
+                     ("step", "Muon", no), ("update",)]
+    assert calls[3][2] is calls[4][2]  # one decision, the same tensor for both
+
+
+def optimiser_state(optimizers):
+    """Every tensor of the optimisers' states, cloned: AdamW's moments and step count, Muon's momentum buffers."""
+    return [t.clone() for optimizer in optimizers for state in optimizer.state.values() for t in state.values()]
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+@pytest.mark.parametrize("overflowed", ["AdamW", "Muon"])
+def test_an_overflow_in_either_optimisers_gradients_skips_both(overflowed, grad_clip):
+    """float16 through a real GradScaler: float16 overflowed in one optimiser's gradients only. The step must change no
+    weight and no optimiser state of either: decided per optimiser, the other stepped on the clip's inf norm (with
+    clip 1 its gradients were zeroed, so it moved on its momentum alone; with clip 0 they were NaN)."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    model, optimizers = tiny_gpt_with_gradients(scaler)
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), grad_clip)  # a first step fills the states
+    model.zero_grad(set_to_none=True)
+    x = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(2))
+    _, loss = model(x, x.roll(1, 1))
+    scaler.scale(loss).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    state = optimiser_state(optimizers)
+    optimizer = next(o for o in optimizers if type(o).__name__ == overflowed)
+    optimizer.param_groups[0]["params"][0].grad.view(-1)[0] = float("inf")
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), grad_clip)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # equal, so finite too
+    assert all(torch.equal(a, b) for a, b in zip(state, optimiser_state(optimizers)))
+    assert scaler.get_scale() == 2.0 ** 11
+    model.zero_grad(set_to_none=True)
+    x = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(3))
+    _, loss = model(x, x.roll(1, 1))
+    scaler.scale(loss).backward()
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), grad_clip)  # the next step moves them again
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_float16_step_reads_nothing_back(monkeypatch):
+    """GradScaler.step reads each optimiser's overflow on the host (a wait for the GPU) unless the optimiser reads it on
+    the device, as fused AdamW does; so must Muon, and so must the one decision for both."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    model, optimizers = tiny_gpt_with_gradients(scaler)
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
+        def read(self, *args, original=getattr(torch.Tensor, name), name=name, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, read)
+    train_gpt.optimizer_step(optimizers, scaler, model.parameters(), 1.0)
+    monkeypatch.undo()
+    assert reads == [] and scaler.get_scale() == 2.0 ** 12
 
 
 def test_gpt_float16_step_equals_the_unscaled_step_and_skips_an_overflow():
@@ -180,10 +232,11 @@ def test_train_gpt_trains_in_float16_on_the_cpu(data_dir, tmp_path, capsys):
                 "--eval_iters=2", "--log_interval=1", "--max_new_tokens=0", "--device=cpu", "--cpu_procs=1",
                 "--dtype=float16", "--max_iters=3", f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={tmp_path}"]
     try:
-        runpy.run_path(os.path.join(ROOT, "train_gpt.py"), run_name="__main__")
+        found = runpy.run_path(os.path.join(ROOT, "train_gpt.py"), run_name="__main__")
     finally:
         sys.argv = argv
     assert "cpu, float16 autocast with a gradient scaler" in capsys.readouterr().out
+    assert found["optimizers"][1].ns_dtype == torch.float16  # Muon orthogonalised in the run's dtype
     assert float(common.read_result(str(tmp_path))["val_loss"]) < 10
     assert common.load_checkpoint(str(tmp_path / "ckpt.pt"))["scaler"]["scale"] > 0  # a scaler that was enabled
 

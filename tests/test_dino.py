@@ -673,11 +673,15 @@ def test_unused_sizes_are_not_checked(tmp_path):
 @pytest.mark.slow
 def test_augmentation_never_waits_for_the_device():
     """No host sync in the augmentation, shown without CUDA: the images live on the meta device (shapes, no values),
-    and a read of a device tensor's value on the host (.item(), `if tensor`, float(tensor)) is counted. On a GPU each
-    such read waits for every kernel queued before it. Numbers drawn on the CPU may be read: that waits for nothing."""
+    and a read of a device tensor's value on the host (.item(), `if tensor`, float(tensor)) is counted, and so is a
+    copy of host data to the device other than common.to_device's (from pinned memory, without blocking, on a GPU).
+    On a GPU each such read or copy waits for every kernel queued before it. Numbers drawn on the CPU may be read:
+    that waits for nothing. The constants (MultiCrop's mean and std) are made on the device once, before."""
     import train_vit
     reads = []
-    originals = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "__float__")}
+    copies = []
+    originals = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "__float__", "to")}
+    make_tensor = torch.tensor
 
     def counted(name, fallback):
         def read(t):
@@ -687,22 +691,40 @@ def test_augmentation_never_waits_for_the_device():
             return fallback
         return read
 
+    def copy(t, *args, **kwargs):
+        frame = sys._getframe(1)
+        device = kwargs.get("device", args[0] if args else None)
+        if t.device.type == "cpu" and str(device) == "meta" and frame.f_code is not common.to_device.__code__:
+            copies.append(f"{os.path.relpath(frame.f_code.co_filename, ROOT)}:{frame.f_lineno}")
+        return originals["to"](t, *args, **kwargs)
+
+    def tensor_of_numbers(data, *args, **kwargs):  # torch.tensor(numbers, device=...) copies them from the host
+        if str(kwargs.get("device")) == "meta":
+            frame = sys._getframe(1)
+            copies.append(f"{os.path.relpath(frame.f_code.co_filename, ROOT)}:{frame.f_lineno}")
+        return make_tensor(data, *args, **kwargs)
+
+    torch.manual_seed(0)
+    x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8).to("meta")
+    y = torch.randint(0, 10, (8,)).to("meta")
+    mean, std = torch.full((1, 3, 1, 1), 0.5, device="meta"), torch.full((1, 3, 1, 1), 0.25, device="meta")
+    multicrop = augment.MultiCrop(options(global_size=24, local_size=12, local_crops=2), 3, [0.5] * 3, [0.25] * 3,
+                                  device="meta")
     for name, fallback in (("item", 0.5), ("__bool__", True), ("__float__", 0.5)):
         setattr(torch.Tensor, name, counted(name, fallback))
+    torch.Tensor.to = copy
+    torch.tensor = tensor_of_numbers
     try:
-        torch.manual_seed(0)
-        x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8).to("meta")
-        config = options(global_size=24, local_size=12, local_crops=2)
-        crops = augment.MultiCrop(config, 3, [0.5] * 3, [0.25] * 3)(x, torch.Generator().manual_seed(0))
-        mean, std = torch.full((1, 3, 1, 1), 0.5, device="meta"), torch.full((1, 3, 1, 1), 0.25, device="meta")
-        y = torch.randint(0, 10, (8,)).to("meta")
+        crops = multicrop(x, torch.Generator().manual_seed(0))
         images, targets = train_vit.augment_batch(x, y, 32, mean, std, augment.make_mixer(0.8, 1.0, 10), crop_padding=4,
                                                   three_augment=True, color_jitter=0.3, random_erasing=0.25)
     finally:
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
+        torch.tensor = make_tensor
     assert [c.device.type for c in crops] == ["meta", "meta"] and images.shape == (8, 3, 32, 32)
     assert reads == [], f"host reads of device tensors in the augmentation: {sorted(set(reads))}, {len(reads)} in all"
+    assert copies == [], f"blocking copies to the device in the augmentation: {sorted(set(copies))}, {len(copies)} in all"
 
 
 @pytest.mark.slow
@@ -742,6 +764,35 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert ckpt["step"] == 0 and all(torch.isfinite(v).all() for v in ckpt["student"].values())
     assert str(stopped.value).startswith("non-finite weights after step 2: stopped before they are saved")
+
+
+# the second process's local crops at step 1 are NaN: its loss is, and the first process's is not
+NAN_CROPS_IN_PROCESS_1 = """
+import os
+import torch
+from data import augment
+crop = augment.MultiCrop.__call__
+calls = []
+def nan_crops(self, images, generator):
+    crops = crop(self, images, generator)
+    calls.append(1)
+    if os.environ["RANK"] == "1" and len(calls) == 2:
+        crops[1] = torch.full_like(crops[1], float("nan"))
+    return crops
+augment.MultiCrop.__call__ = nan_crops
+"""
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_in_one_process_stops_every_process_together(tmp_path):
+    """float16 in two processes, the second one's loss NaN at step 1: DDP averages its NaN gradients into both, the
+    scaler skips the step in both, and the weights stay finite. The losses are summed over the processes before they
+    are checked, so both stop at the progress line of step 2 and the first says so in one line (checked apart, the
+    first went on alone and met a peer that had stopped)."""
+    done = torchrun_with(SHORT_GROUP_TIMEOUT + NAN_CROPS_IN_PROCESS_1, "train_dino.py", *TINY, "--dataset=synthetic",
+                         "--dtype=float16", "--log_interval=2", "--epochs=1", f"--out_dir={tmp_path}")
+    assert done.returncode != 0
+    assert re.search(r"error: non-finite loss nan in steps 0-1: stopped before a checkpoint", done.stderr), done.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -359,6 +359,52 @@ def test_stacked_muon_equals_the_per_matrix_muon_over_20_steps(n_embd, n_kv_head
             assert (p - start[names[id(p)]]).abs().max() > 1e3 * (p - q).abs().max()  # far more than they differ
 
 
+@pytest.mark.slow  # half a minute: the float32 products of 3072 x 768 matrices
+@pytest.mark.parametrize("d", [384, 768])  # the README's gpt-small line on a T4; gpu_check's d12
+def test_newton_schulz_in_float16_stays_finite_and_within_1e_2_of_float32(monkeypatch, d):
+    """A T4 orthogonalises in float16, the run's dtype. On stacks of random updates of the GPT's matrix shapes (q, k, v
+    and the projection d x d, the MLP's 4d x d and d x 4d), of unit scale and of 1e-6 (a gradient's entries late in
+    training), every float16 result is finite and within 1e-2 of float32's (relative Frobenius norm). The CPU's float16
+    matmul is a slow reference kernel: here products take float16 inputs, add up in float32 and round to float16, as
+    the GPU's tensor cores do; every other operation is float16's own."""
+    matmul = torch.Tensor.__matmul__
+
+    def tensor_core_matmul(x, y):
+        if x.dtype == torch.float16:
+            return matmul(x.float(), y.float()).half()
+        return matmul(x, y)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", tensor_core_matmul)
+    generator = torch.Generator().manual_seed(0)
+    for shape in [(d, d), (4 * d, d), (d, 4 * d)]:
+        for scale in (1.0, 1e-6):
+            updates = torch.randn(2, *shape, generator=generator) * scale
+            half = optim.orthogonalize(updates, dtype=torch.float16)
+            full = optim.orthogonalize(updates)
+            error = (half - full).norm(dim=(-2, -1)) / full.norm(dim=(-2, -1))
+            assert half.dtype == torch.float32 and half.isfinite().all(), (shape, scale)
+            assert error.max() < 1e-2, (shape, scale, error)
+
+
+def test_muon_makes_its_momentum_buffers_once(monkeypatch):
+    """With the optimizer, not in every step: a zeros_like per matrix and step allocates and fills memory for nothing."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(8, 4))
+    muon = train_gpt.Muon([weight], lr=0.02)
+    made = []
+    zeros_like = torch.zeros_like
+
+    def counted_zeros_like(t, *args, **kwargs):
+        made.append(tuple(t.shape))
+        return zeros_like(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros_like", counted_zeros_like)
+    for _ in range(3):
+        weight.grad = torch.randn(8, 4)
+        muon.step()
+    assert made == [] and muon.state[weight]["momentum_buffer"].abs().sum() > 0  # the buffer there moved
+
+
 def test_optimizer_groups_and_schedules():
     model = build_model(make_config("gpt-tiny", n_layer=2, vocab_size=50))
     adamw, muon = train_gpt.build_optimizers(model, "muon", 1e-3, 0.02, 0.2, 0.004, 0.1, (0.8, 0.95))
@@ -375,6 +421,28 @@ def test_optimizer_groups_and_schedules():
 
 # -----------------------------------------------------------------------------
 # options, and the fast tier's one training
+
+
+def test_non_finite_weights_are_never_saved(data_dir, tmp_path, monkeypatch):
+    """Under float16 a step's gradient norm is the scaler's 0, so a weight that the last step before a checkpoint made
+    non-finite (its loss was still finite) shows only in the weights: the optimizer step of step 1 writes an inf here,
+    and the checkpoint of step 2, the run's first, is not written."""
+    optimizer_step = optim.optimizer_step
+    calls = []
+
+    def spoiling_step(optimizers, scaler, params, grad_clip):
+        norm = optimizer_step(optimizers, scaler, params, grad_clip)
+        calls.append(1)
+        if len(calls) == 2:
+            with torch.no_grad():
+                optimizers[0].param_groups[0]["params"][0].view(-1)[0] = math.inf
+        return torch.zeros_like(norm)  # float16's answer
+
+    monkeypatch.setattr(optim, "optimizer_step", spoiling_step)
+    with pytest.raises(FloatingPointError, match="non-finite weights after step 1: stopped before they are saved"):
+        train(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=4", "--eval_interval=2",
+                      "--log_interval=100", "--max_new_tokens=0", f"--out_dir={tmp_path}"])
+    assert len(calls) == 2 and not os.path.exists(tmp_path / "ckpt.pt")
 
 
 def test_help_lists_every_option_with_its_comment(capsys):

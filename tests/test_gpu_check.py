@@ -4,15 +4,18 @@ disk at once, a killed run keeps its lines and says whether it was compiling, a 
 process it started, the runs pass only options their scripts have, and a machine without CUDA gets one line. The
 parts that need a model or a script are in test_compiled.py (slow tier)."""
 
+import builtins
 import dataclasses
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 import textwrap
 import time
 import types
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -417,24 +420,62 @@ def run_lines(model_line=None):
     """A finished run's output, timed: 10 steps between progress lines a second apart (10 steps/s: 100 ms a step)."""
     lines = [(0.0, "batch: 32,768 tokens per step"), (5.0, "step 10/30 | loss 3.1 | 1 tok/s"),
              (6.0, "step 20/30 | loss 3.0 | 1 tok/s"), (7.0, "step 30/30 | loss 2.9 | 1 tok/s"),
-             (8.0, "RESULT steps=30 val_bpb=1.9")]
+             (8.0, "RESULT steps=30 val_bpb=1.9"), (8.5, "gpu_check syncs_between_lines=0")]
     return lines + ([(9.0, model_line)] if model_line else [])
 
 
 def test_the_loop_row_divides_the_step_by_its_model_passes():
     rows = gpu_check.script_rows("gpt d12", 32768, "tok", 1e12, None, 0, run_lines("gpu_check model_fwd_bwd_ms=40.00 "
                                                                                       "passes=1"))
-    loop = rows[-1]
+    loop = rows[3]
     assert loop["check"] == "gpt d12: step ms | model fwd+bwd ms | step / model" and loop["ok"]
     assert loop["value"] == "100.0 | 40.0 | 2.50" and (loop["key"], loop["number"]) == ("gpt_step_over_model", "2.50")
     rows = gpu_check.script_rows("gpt d12", 32768, "tok", 1e12, None, 0, run_lines(
         "gpu_check model_fwd_bwd_error=OutOfMemoryError: CUDA out of memory"))
-    assert not rows[-1]["ok"] and rows[-1]["value"] == "not measured: OutOfMemoryError: CUDA out of memory"
-    assert all(r["ok"] for r in rows[:-1]) and rows[1]["value"] == "10.00 | 327,680 | -"  # the run's own rows stand
+    assert not rows[3]["ok"] and rows[3]["value"] == "not measured: OutOfMemoryError: CUDA out of memory"
+    assert all(r["ok"] for r in rows[:3] + rows[4:]) and rows[1]["value"] == "10.00 | 327,680 | -"  # its own rows stand
     missing = gpu_check.loop_row("gpt d12", 10.0, run_lines())  # the run ended, and no passes followed
     assert not missing["ok"] and "not measured" in missing["value"]
     killed = gpu_check.loop_row("gpt d12", 10.0, run_lines(), killed=True)  # its failure is the killed row's
     assert killed["ok"] and killed["key"] is None
+
+
+# the child's count of host syncs: steps 0 and 3 print a line, step 2 syncs without one
+SYNCING_SCRIPT = """
+import warnings
+step = 0
+print("batch: 32,768 tokens per step")
+warnings.warn("called a synchronizing CUDA operation")
+for step in range(1, 4):
+    if step == 2:
+        warnings.warn("called a synchronizing CUDA operation")
+    if step == 3:
+        warnings.warn("called a synchronizing CUDA operation")
+        print("step 3/3 | loss 2.9 | 1 tok/s")
+"""
+
+
+def test_a_sync_at_a_step_that_printed_nothing_fails_the_recipe(tmp_path, monkeypatch):
+    """Under CUDA's sync debug mode (faked here: its warnings are the script's own) each sync counts at its step: those
+    at steps that print a progress line or evaluate (the step's reads) pass, the one at step 2 fails the recipe."""
+    script = tmp_path / "syncs.py"
+    script.write_text(SYNCING_SCRIPT)
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "SYNCS", Counter())
+    monkeypatch.setattr(gpu_check, "PRINTED", set())
+    monkeypatch.setattr(builtins, "print", builtins.print)  # count_syncs replaces them: back after the test
+    with warnings.catch_warnings():
+        gpu_check.count_syncs(str(script))
+        runpy.run_path(str(script), run_name="__main__")
+    line = gpu_check.syncs_line()
+    assert modes == ["warn"] and re.fullmatch(r"gpu_check syncs_between_lines=1 first at step 2 \S*syncs\.py:8 x1", line)
+    failed = gpu_check.sync_row("gpt d12", [(0.0, line)])
+    assert not failed["ok"] and (failed["key"], failed["number"]) == ("gpt_syncs_between_lines", "1")
+    passed = gpu_check.sync_row("gpt d12", [(0.0, "gpu_check syncs_between_lines=0")])
+    assert passed["ok"] and passed["check"] == "gpt d12: host syncs between progress lines"
+    assert not gpu_check.sync_row("gpt d12", [])["ok"] and gpu_check.sync_row("gpt d12", [], killed=True)["ok"]
 
 
 def tiny_checkpoint(kind, **config):
@@ -482,6 +523,22 @@ def test_dino_passes_are_the_teachers_forward_on_global_crops_and_the_students_o
     assert passes == 1 and student.config.drop_path == 0.1 and teacher.config.drop_path == 0.0
     assert seen == [(teacher, (6, 3, 28, 28), False), (student, (6, 3, 28, 28), True), (student, (6, 3, 14, 14), True)]
     assert all(p.grad is not None for p in student.parameters()) and all(p.grad is None for p in teacher.parameters())
+
+
+def test_dino_passes_compile_each_backbone_as_train_dino_does(monkeypatch):
+    """train_dino.py compiles each backbone with dynamic=False (a static graph per crop size, never a dynamic one):
+    the loop row's model passes must time those graphs."""
+    compiled = []
+
+    def compile(model, **options):
+        compiled.append(options)
+        return model
+
+    monkeypatch.setattr(torch, "compile", compile)
+    ckpt = tiny_checkpoint("dino")
+    ckpt["config"]["compile_model"] = True
+    gpu_check.model_passes(ckpt, "cpu")
+    assert compiled == [dict(dynamic=False), dict(dynamic=False)]  # the student's backbone and the teacher's
 
 
 def test_a_finished_runs_model_passes_print_their_milliseconds_or_why_not(tmp_path, capsys):

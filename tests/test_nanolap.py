@@ -412,3 +412,19 @@ def test_grouped_query_attention_shrinks_k_and_v(preset):
         assert grouped.blocks[0].attn.qkv.out_features == c.n_embd + 2 * (H // 2) * (c.n_embd // H)
         saved = c.n_layer * 2 * (H - H // 2) * (c.n_embd // H) * (c.n_embd + c.bias)
         assert full.num_params() - grouped.num_params() == saved
+
+
+@pytest.mark.parametrize("preset, width", [("gpt-small", None), ("gpt-d20", 768), ("gpt-d20", None)],
+                         ids=["gpt-small (the README's T4 line)", "d12 (gpu_check)", "d20"])
+def test_relu_squared_cannot_overflow_float16_at_the_recipes_widths(preset, width):
+    """float16 autocast (a T4) squares the MLP's pre-activations in float16, whose largest number is 65504: from
+    |x| >= 256 the square is inf, and a gradient scaler guards no forward pass. A pre-activation is x_j = w_j . n with
+    n = rmsnorm(h) (no gain, so |n| <= sqrt(d)), at most |w_j| sqrt(d) whatever the input; at the recipes' widths and
+    init that bound is below 64 for every row: the rows may grow fourfold in training before an overflow is possible.
+    Should one happen, the loss turns non-finite and the loop stops on it before a checkpoint."""
+    config = make_config(preset, n_layer=1, vocab_size=64, **({"n_embd": width, "n_head": 6} if width else {}))
+    mlp = build_model(config).blocks[0].mlp
+    assert mlp.relu2 and mlp.fc.bias is None
+    bound = mlp.fc.weight.norm(dim=1).max() * config.n_embd ** 0.5
+    assert bound < 64, bound
+

@@ -161,6 +161,29 @@ def test_devices_and_dtypes_are_checked():
         common.autocast("cpu", "fp8")
 
 
+def test_to_device_copies_to_a_gpu_from_pinned_memory_without_blocking(monkeypatch):
+    """From pageable memory a copy to a GPU waits for the GPU's queued work; from pinned memory it need not. Shown with
+    the copy faked: to a GPU the tensor is pinned first and copied without blocking; to the CPU (no pinning there
+    without a GPU) it is copied plainly."""
+    calls = []
+
+    def pin_memory(t):
+        calls.append("pin")
+        return t
+
+    def to(t, *args, **kwargs):
+        calls.append(("to", args, kwargs))
+        return t
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    common.to_device(torch.zeros(3), "cuda:1")
+    assert calls == ["pin", ("to", ("cuda:1",), dict(non_blocking=True))]
+    calls.clear()
+    common.to_device(torch.zeros(3), torch.device("cpu"))
+    assert calls == [("to", (torch.device("cpu"),), {})]
+
+
 def test_check_finite_stops_on_nan():
     common.check_finite(torch.tensor(1.0), 3)
     with pytest.raises(FloatingPointError, match="non-finite loss nan at step 7"):

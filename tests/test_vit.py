@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import common
 import configurator
 import nanolap
+import optim
 import train_vit
 from common import load_checkpoint, load_model
 from conftest import ENV, ROOT, result, run, run_here
@@ -376,6 +377,24 @@ def test_evaluate_counts_accuracy_and_loss():
     assert acc == pytest.approx((logits.argmax(-1) == y).float().mean().item())
     assert loss == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-5)
 
+@pytest.mark.slow  # importing torch's compiler takes seconds
+def test_evaluate_compiles_no_second_graph_for_a_shorter_last_batch():
+    """10 images in batches of 4: the last batch of 2 is padded to 4, so a compiled model traces one graph (an epoch's
+    end of the CPU default, 10,000 images in batches of 1,024, left 784 and compiled a second one)."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return graph.forward
+
+    model = torch.compile(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)), backend=counting_backend)
+    x, y = (torch.rand(10, 1, 2, 2) * 255).to(torch.uint8), torch.randint(0, 3, (10,))
+    mean, std = torch.tensor(0.5).view(1, 1, 1, 1), torch.tensor(0.2).view(1, 1, 1, 1)
+    acc, loss = train_vit.evaluate(model, train_vit.val_batches((x, y), 4, 0, 1, "cpu"), 2, mean, std)
+    assert len(graphs) == 1 and 0 <= acc <= 1 and loss > 0, graphs
+
+
 # ----------------------------------------------------------------------------- slow: learning, resume, processes
 
 
@@ -430,6 +449,28 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(tmp_path):
     p = run(SCRIPT, f"--out_dir={out}", "--resume", "--lr=1e999")
     assert p.returncode != 0 and "non-finite loss" in p.stderr and "Traceback" not in p.stderr
     assert open(out / "ckpt.pt", "rb").read() == ckpt_bytes, "the last good checkpoint must survive"
+
+
+def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
+    """Under float16 a step's gradient norm is the scaler's 0, so a weight that the last step before a checkpoint made
+    non-finite (its loss was still finite) shows only in the weights: the optimizer step of step 3 writes an inf here,
+    and the checkpoint at the end of the first epoch (step 4) is not written."""
+    optimizer_step = optim.optimizer_step
+    calls = []
+
+    def spoiling_step(optimizers, scaler, params, grad_clip):
+        norm = optimizer_step(optimizers, scaler, params, grad_clip)
+        calls.append(1)
+        if len(calls) == 4:
+            with torch.no_grad():
+                optimizers[0].param_groups[0]["params"][0].view(-1)[0] = float("inf")
+        return torch.zeros_like(norm)  # float16's answer
+
+    monkeypatch.setattr(optim, "optimizer_step", spoiling_step)
+    with pytest.raises(FloatingPointError, match="non-finite weights after step 3: stopped before they are saved"):
+        run_here(SCRIPT, "--dataset=synthetic", "--train_subset=64", "--val_subset=64", "--batch_size=16", "--epochs=2",
+                 "--log_interval=100", "--cpu_procs=1", f"--out_dir={tmp_path}")
+    assert len(calls) == 4 and not os.path.exists(tmp_path / "ckpt.pt")
 
 
 @pytest.mark.slow
