@@ -3,6 +3,7 @@ checkpoints, an out_dir that cannot be written, temporary files of killed saves,
 first checkpoint. Every script runs in its own process, on tiny settings; the tests poll the output and
 the folder, they never sleep for a fixed time. Slow tier: python -m pytest -q -m slow tests/test_faults.py"""
 
+import io
 import itertools
 import os
 import random
@@ -258,20 +259,43 @@ def test_a_scripts_unknown_option_is_one_short_line(data_dir):
 # ----------------------------------------------------------------------------- damaged checkpoints
 
 def damage(path, how, real):
-    """Write a damaged checkpoint at path: random bytes, the first half of a real checkpoint, or nothing."""
-    data = {"random": random.Random(0).randbytes(4096), "truncated": real[:len(real) // 2], "empty": b""}[how]
+    """Write a damaged checkpoint at path: random bytes, the first half of a real checkpoint, nothing, or the real one
+    with one exponent bit flipped in the first float of a weight or of the optimizer's state (1e-2 becomes 1e36)."""
+    if how in ("weight", "optimizer"):
+        tensor = first_float_tensor(torch.load(io.BytesIO(real), weights_only=True)["model" if how == "weight" else how])
+        at = real.find(tensor.numpy().tobytes())
+        assert at >= 0, how
+        at += 3  # the highest byte of a little-endian float32: its sign and 7 of its 8 exponent bits
+        data = real[:at] + bytes([real[at] ^ 0x40]) + real[at + 1:]
+    else:
+        data = {"random": random.Random(0).randbytes(4096), "truncated": real[:len(real) // 2], "empty": b""}[how]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
     return path
 
 
-@pytest.mark.parametrize("how", ["random", "truncated", "empty"])
+def first_float_tensor(state):
+    """The first float32 tensor of 16 or more numbers in a state dict, an optimizer's state or a list of them."""
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, list) else [state]
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.numel() >= 16:
+            return value
+        found = None if isinstance(value, torch.Tensor) else first_float_tensor(value)
+        if found is not None:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("how", ["random", "truncated", "empty", "weight", "optimizer"])
 def test_a_damaged_checkpoint_is_refused_in_one_line(how, tmp_path):
     """The one reader of checkpoints (common.load_checkpoint): a damaged file is named and called damaged or
-    truncated, never loaded with weights_only=False (which would run whatever code the file holds)."""
+    truncated, never loaded with weights_only=False (which would run whatever code the file holds); a flipped bit in
+    a weight or the optimizer's state too, which torch.load alone would load."""
     real = tmp_path / "real.pt"
-    common.save_checkpoint({"kind": "vit", "model": {"w": torch.randn(64, 64)}, "step": 3}, str(real))
+    optimizer = {"state": {0: {"exp_avg": torch.randn(64, 64) / 100}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    common.save_checkpoint({"kind": "vit", "model": {"w": torch.randn(64, 64) / 100}, "optimizer": optimizer,
+                            "step": 3}, str(real))
     path = damage(str(tmp_path / "run" / "ckpt.pt"), how, real.read_bytes())
     with pytest.raises(common.UsageError) as e:
         common.load_checkpoint(path, "--resume: ")
@@ -282,8 +306,9 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(how, tmp_path):
 @pytest.mark.slow
 def test_every_command_that_reads_a_checkpoint_refuses_a_damaged_one_in_one_line(finished, data_dir, tmp_path):
     """As a user meets it, once per command (the kinds of damage in turn): exit status 1 and one line that names the
-    file and says it is damaged or truncated."""
-    hows = itertools.cycle(["random", "truncated", "empty"])
+    file and says it is damaged or truncated, and no analysis/ folder. A flipped bit reaches --resume and analyze.py of
+    the ViT and DINO: loaded, a weight 1e36 times too large would end analyze.py in a LinAlgError."""
+    hows = itertools.cycle(["optimizer", "weight", "random", "truncated", "empty"])
     readers = {"vit": ["--resume", "analyze.py"], "gpt": ["--resume", "analyze.py", "--sample_from"],
                "dino": ["--resume", "analyze.py", "--eval_only"]}
     for kind, names in readers.items():
@@ -298,6 +323,7 @@ def test_every_command_that_reads_a_checkpoint_refuses_a_damaged_one_in_one_line
             rc, out, err = run(argv[name])
             assert_one_line_error(rc, out, err, path, "damaged or truncated")
             assert name == "analyze.py" or err.startswith(f"error: {name}: "), err
+            assert "intact" not in err and not os.path.exists(os.path.join(run_dir, "analysis")), err
 
 
 @pytest.mark.slow
