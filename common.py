@@ -225,6 +225,7 @@ LOG = "log.jsonl"  # one JSON line per evaluation
 RESULT = "result.txt"  # the RESULT line
 ANALYSIS = "analysis.json"  # analyze.py's numbers
 SUMMARY = "summary.md"  # analyze.py's and the report's tables
+CHECKPOINT_STEPS = {}  # {path: step} of the checkpoints this process saved or verified: what a stopped run names
 
 def clean_state_dict(state_dict):
     """Strip the prefixes that torch.compile (_orig_mod.) and DDP (module.) add to parameter names."""
@@ -250,6 +251,7 @@ def atomic_write(path):
 def save_checkpoint(obj, path):  # then remove what a save killed mid-write left (one run writes its out_dir)
     with atomic_write(path) as f:
         torch.save(obj, f)
+    CHECKPOINT_STEPS[os.path.abspath(path)] = obj.get("step")
     folder = os.path.dirname(os.path.abspath(path))
     for name in [n for n in os.listdir(folder) if n.startswith(os.path.basename(path) + ".tmp")]:
         os.remove(os.path.join(folder, name))
@@ -273,6 +275,7 @@ def load_checkpoint(path, context="", map_location="cpu"):
                          f"disk, an interrupted copy?); {fix}")
     if not isinstance(ckpt, dict):
         raise UsageError(f"{context}{path} is not a nanolap checkpoint (a dict of tensors and plain data)")
+    CHECKPOINT_STEPS[os.path.abspath(path)] = ckpt.get("step")
     return ckpt
 
 def damage(path):
@@ -375,9 +378,11 @@ def report_error(kind, error, tb, out_dir=None, aside=None, oom_advice=""):
     """The scripts' sys.excepthook: bad input, a non-finite loss and Ctrl-C end in one line from the first process that
     says what was saved where; an error in the code keeps its traceback, out of memory adds advice after it."""
     saved = ""  # what a run that stops now leaves: its checkpoint, or nothing (and where an earlier run went)
-    if out_dir and os.path.isfile(os.path.join(out_dir, CHECKPOINT)):
-        saved = f"; the last checkpoint is intact: continue with --resume --out_dir={out_dir}"
-    elif out_dir:
+    checkpoint = os.path.abspath(os.path.join(out_dir, CHECKPOINT)) if out_dir else ""
+    step = CHECKPOINT_STEPS.get(checkpoint)  # known when this run saved the checkpoint or checked it on --resume
+    if os.path.isfile(checkpoint) and step is not None:
+        saved = f"; the last checkpoint is intact: continue with --resume --out_dir={out_dir} (it holds step {step})"
+    elif out_dir and not os.path.isfile(checkpoint):
         saved = "; no checkpoint yet, nothing to resume" + (f"; the earlier run in {out_dir} is in {aside}" if aside else "")
     if issubclass(kind, KeyboardInterrupt):
         message = "interrupted" + saved

@@ -403,7 +403,7 @@ def test_kills_while_checkpointing_every_step(kind, data_dir, tmp_path):
 def test_ctrl_c_says_what_was_saved_and_where(procs, finished, data_dir, tmp_path):
     """Ctrl-C (SIGINT to the process a user started) ends the run in one line from the first process: before the
     first checkpoint, that nothing can be resumed and where the earlier run of the folder went; after it, that
-    --resume continues it, which then works."""
+    --resume continues it from the step it names, which then works."""
     out_dir = copy_run(finished["gpt"], tmp_path / "run")
     argv = command("gpt", data_dir, f"--cpu_procs={procs}", "--max_iters=3000", "--eval_interval=40", f"--out_dir={out_dir}")
     training = Background(argv)
@@ -426,6 +426,7 @@ def test_ctrl_c_says_what_was_saved_and_where(procs, finished, data_dir, tmp_pat
     finally:
         training.kill()
     err = "".join(training.err)
-    assert err == f"interrupted; the last checkpoint is intact: continue with --resume --out_dir={out_dir}\n", err
+    assert err == (f"interrupted; the last checkpoint is intact: continue with --resume --out_dir={out_dir} (it holds "
+                   f"step 40)\n"), err
     rc, out, err = run(argv[:-1] + ["--max_iters=3000", "--resume", f"--out_dir={out_dir}", "--stop_at_step=42"])
     assert rc == 0 and f"resumed from {out_dir}/ckpt.pt at step 40" in out, err[-2000:]
