@@ -181,6 +181,7 @@ def machine_name(device):
         name = torch.cuda.get_device_name(device)
     else:
         name = f"{cpu_model_name()} {torch.backends.cpu.get_cpu_capability()}"
+    name = re.sub(r"\((R|TM)\)", "", name, flags=re.I)  # Intel's trademark signs: Intel(R) Xeon(R) is an Intel Xeon
     return re.sub(r"\s+", "_", name.strip())
 
 def cpu_model_name():

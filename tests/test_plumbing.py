@@ -370,13 +370,15 @@ def test_the_arrows_point_one_way():
 
 def test_machine_name_is_one_word_naming_the_gpu_or_the_cpu_and_its_kernels(monkeypatch):
     """A run records what trained it (floats differ between machines): the GPU's name, or the CPU's model name and the
-    vector instructions torch's kernels use, as one word for the RESULT line."""
+    vector instructions torch's kernels use, as one word for the RESULT line, without trademark signs."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     assert common.machine_name("cuda:0") == "NVIDIA_H200"
     cpu = common.machine_name("cpu")
     assert cpu.endswith("_" + torch.backends.cpu.get_cpu_capability()) and " " not in cpu and len(cpu) > 8
     monkeypatch.setattr(common, "cpu_model_name", lambda: "Apple  M2 Pro")
     assert common.machine_name("mps") == f"Apple_M2_Pro_{torch.backends.cpu.get_cpu_capability()}"
+    monkeypatch.setattr(common, "cpu_model_name", lambda: "Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz")
+    assert common.machine_name("cpu") == f"Intel_Core_i7-8700_CPU_@_3.20GHz_{torch.backends.cpu.get_cpu_capability()}"
 
 
 def test_a_cuda_run_allows_tf32(monkeypatch, tmp_path):
