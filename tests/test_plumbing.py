@@ -104,14 +104,17 @@ def test_config_from_options_derives_the_model_config_from_its_fields(tmp_path):
         configurator.config_from_options(dict(config, preset="gpt-tiny"), "vit")
 
 
-def test_resume_takes_the_checkpoint_options_and_refuses_model_changes(tmp_path):
+def test_resume_takes_the_checkpoint_options_and_refuses_model_changes(tmp_path, monkeypatch):
     out = tmp_path / "run"
     cfg = dict(out_dir=str(out), resume=False, lr=0.5, n_lap=3, preset="vit-cpu", n_embd=None)
     common.save_checkpoint({"config": cfg, "model_config": {}}, str(out / "ckpt.pt"))
     config, ckpt = configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}"])
     assert ckpt is not None and config["lr"] == 0.5 and config["n_lap"] == 3 and config["resume"]
+    typed, read = [], configurator._typed
+    monkeypatch.setattr(configurator, "_typed", lambda key, *args: typed.append(key) or read(key, *args))
     config, _ = configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"])
     assert config["lr"] == 0.1  # a training option may change ...
+    assert typed == ["resume", "out_dir", "lr"]  # (the command line is read once)
     # ... the model not
     with pytest.raises(common.UsageError, match=r"cannot change the model, data or schedule \(--n_lap=4 \(checkpoint: 3\)"):
         configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--n_lap=4"])
