@@ -79,8 +79,8 @@ def load_images(name, data_dir="data"):
         raise UsageError(f"unknown dataset {name!r}; choose one of {DATASETS + ('imagefolder',)}")
     root = os.path.join(data_dir, name)
     if name == "fashion_mnist":
-        d = _fashion_mnist_dir(root)
-        split = {s: (_read_idx(os.path.join(d, fx))[:, None], _read_idx(os.path.join(d, fy)).long())
+        root = _fashion_mnist_dir(root)
+        split = {s: (_read_idx(os.path.join(root, fx))[:, None], _read_idx(os.path.join(root, fy)).long())
                  for s, (fx, fy) in FASHION_FILES.items()}
         classes = FASHION_CLASSES
     elif name == "scenes":  # the image label: the item class with the most visible pixels
@@ -103,6 +103,8 @@ def load_images(name, data_dir="data"):
         split = {s: (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets))
                  for s, ds in sets.items()}
         classes = sets["train"].classes
+    if name != "synthetic":  # which folder a run read: Fashion-MNIST's may be the Debian package's, not data_dir's
+        common.print0(f"read {name} from {root}")
     mean, std = pixel_stats(split["train"][0])
     return dict(train=split["train"], val=split["val"], num_classes=len(classes), classes=classes, mean=mean, std=std)
 

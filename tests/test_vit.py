@@ -546,9 +546,12 @@ def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_fashion_mnist_smoke(tmp_path):
+    """Without --data_dir: the run names the folder it read (data/fashion_mnist, else the Debian package's)."""
     p = run(SCRIPT, "--train_subset=4096", "--val_subset=1000", "--epochs=2", "--batch_size=128", "--log_interval=8",
             f"--out_dir={tmp_path}", check=True)
     assert "data: fashion_mnist 4096 train / 1000 val images, 1x28x28, 10 classes" in p.stdout
+    folder = re.search(r"^read fashion_mnist from (.+)$", p.stdout, re.M)
+    assert folder and os.path.isfile(os.path.join(ROOT, folder[1], "train-images-idx3-ubyte.gz")), p.stdout[:2000]
     r = result(p.stdout)
     assert float(r["val_acc"]) > 0.5 and r["dataset"] == "fashion_mnist"
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["classes"] == images.FASHION_CLASSES
