@@ -44,7 +44,7 @@ def _fashion_mnist_dir(root):
             return d
     try:
         from torchvision.datasets import FashionMNIST
-        with download_timeout():
+        with download_timeout(root):
             for train in (True, False):
                 FashionMNIST(root, train=train, download=True)
     except Exception as e:
@@ -94,7 +94,7 @@ def load_images(name, data_dir="data"):
         from torchvision import datasets
         cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
         try:
-            with download_timeout():
+            with download_timeout(root):
                 sets = {s: cls(root, train=(s == "train"), download=True) for s in ("train", "val")}
         except Exception as e:
             fetch = f"python -c \"from torchvision import datasets; datasets.{cls.__name__}('{root}', download=True)\""
@@ -276,7 +276,7 @@ def load_segmentation(name, data_dir, split, n, size, in_chans):
         from torchvision.datasets import OxfordIIITPet
         root = os.path.join(data_dir, "oxford_pets")
         try:
-            with download_timeout():
+            with download_timeout(root):
                 ds = OxfordIIITPet(root, split="trainval" if split == "train" else "test",
                                    target_types=["segmentation", "binary-category"], download=True)
         except Exception as e:

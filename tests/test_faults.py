@@ -219,7 +219,7 @@ def test_resume_of_a_finished_run_leaves_it_byte_identical_and_says_how_to_train
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_refused_option_leaves_no_out_dir_behind(kind, data_dir, tmp_path):
     """A model option the config refuses and a dataset that is not there (both checked before out_dir is made): one
-    line, and no out_dir made."""
+    line, and no out_dir made; nor a data folder by the failed download."""
     out_dir = tmp_path / "new" / "run"
     out_dir.parent.mkdir()
     rc, out, err = run(command(kind, data_dir, "--n_lap=9", f"--out_dir={out_dir}"))
@@ -229,6 +229,7 @@ def test_a_refused_option_leaves_no_out_dir_behind(kind, data_dir, tmp_path):
     rc, out, err = run(command(kind, data_dir, missing, "--dataset=cifar10" if kind != "gpt" else "--dataset=tiny",
                                "--cpu_procs=2", f"--out_dir={out_dir}"))
     assert rc != 0 and err.startswith("error: ") and len(err.splitlines()) <= 2 and not out_dir.exists(), err[-1000:]
+    assert not (tmp_path / "no-data").exists()  # a failed download leaves no empty no-data/cifar10/
 
 
 def test_unknown_options_name_the_closest_valid_ones(tmp_path):

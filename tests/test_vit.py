@@ -512,8 +512,9 @@ def test_bad_input_gives_one_line_in_a_shell(tmp_path):
 
 def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
     """Without Fashion-MNIST on disk, the fallback download must fail in one error when the server goes silent (a
-    dropped connection offline), not wait forever. The fake server accepts and never answers; the fake dataset
-    downloads as torchvision does, through urllib without a timeout of its own."""
+    dropped connection offline), not wait forever, and leave no folder behind. The fake server accepts and never
+    answers; the fake dataset makes its folder and downloads as torchvision does, through urllib without a timeout of
+    its own."""
     import threading
     import time
     import urllib.request
@@ -529,6 +530,7 @@ def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
 
     class SilentFashionMNIST:
         def __init__(self, root, train=True, download=False):
+            os.makedirs(os.path.join(root, "FashionMNIST", "raw"), exist_ok=True)
             urllib.request.urlopen(f"http://127.0.0.1:{server.getsockname()[1]}/train-images-idx3-ubyte.gz").read()
 
     monkeypatch.setattr(torchvision.datasets, "FashionMNIST", SilentFashionMNIST)
@@ -536,8 +538,9 @@ def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "DOWNLOAD_TIMEOUT", 0.5)
     t0 = time.time()
     with pytest.raises(common.UsageError, match="download failed .*timed out"):
-        images.load_images("fashion_mnist", str(tmp_path))
+        images.load_images("fashion_mnist", str(tmp_path / "nodata"))
     assert time.time() - t0 < 5 and socket.getdefaulttimeout() is None  # gave up; the process's default is back
+    assert not (tmp_path / "nodata").exists()  # not even an empty nodata/fashion_mnist/
     server.close()
 
 
