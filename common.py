@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import platform
 import random
 import re
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
+import zlib
 from contextlib import contextmanager, nullcontext, suppress
 
 import torch
@@ -185,6 +188,7 @@ def machine_name(device):
         name = torch.cuda.get_device_name(device)
     else:
         name = f"{cpu_model_name()} {torch.backends.cpu.get_cpu_capability()}"
+    name = re.sub(r"\((R|TM)\)", "", name, flags=re.I)  # Intel's trademark signs: Intel(R) Xeon(R) is an Intel Xeon
     return re.sub(r"\s+", "_", name.strip())
 
 def cpu_model_name():
@@ -229,6 +233,7 @@ LOG = "log.jsonl"  # one JSON line per evaluation
 RESULT = "result.txt"  # the RESULT line
 ANALYSIS = "analysis.json"  # analyze.py's numbers
 SUMMARY = "summary.md"  # analyze.py's and the report's tables
+CHECKPOINT_STEPS = {}  # {path: step} of the checkpoints this process saved or verified: what a stopped run names
 
 def clean_state_dict(state_dict):
     """Strip the prefixes that torch.compile (_orig_mod.) and DDP (module.) add to parameter names."""
@@ -254,25 +259,58 @@ def atomic_write(path):
 def save_checkpoint(obj, path):  # then remove what a save killed mid-write left (one run writes its out_dir)
     with atomic_write(path) as f:
         torch.save(obj, f)
+    CHECKPOINT_STEPS[os.path.abspath(path)] = obj.get("step")
     folder = os.path.dirname(os.path.abspath(path))
     for name in [n for n in os.listdir(folder) if n.startswith(os.path.basename(path) + ".tmp")]:
         os.remove(os.path.join(folder, name))
 
 def load_checkpoint(path, context="", map_location="cpu"):
-    """torch.load with weights_only=True (tensors and plain data, never code), failing in one line."""
+    """torch.load with weights_only=True (tensors and plain data, never code), after checking the file's bytes against
+    the checksums saved with them (damage), failing in one line."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{context}no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:
-        if "Unsupported global" in str(e):
+    reason = damage(path)
+    if reason is None:
+        try:
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError:  # bytes as saved, but more than tensors and plain data
             raise UsageError(f"{context}{path} holds Python objects, which could run code: it is not loaded") from None
-        reason = str(e).split("WeightsUnpickler error:")[-1].strip().split("\n")[0].split(". ")[0][:100] or type(e).__name__
-        raise UsageError(f"{context}{path} cannot be read ({reason}): the file is damaged or truncated (an interrupted "
-                         f"copy?); restore it" + (", or start afresh without --resume" if context.startswith("--resume") else "")) from None
+        except (RuntimeError, ValueError, EOFError, OSError) as e:  # damage that no checksum covers (zip's directory)
+            reason = f"torch.load failed: {type(e).__name__}"
+    if reason is not None:
+        fix = "restore it, or start afresh without --resume" if context.startswith("--resume") else "restore it"
+        raise UsageError(f"{context}{path} cannot be read ({reason}): the file is damaged or truncated (a failing "
+                         f"disk, an interrupted copy?); {fix}")
     if not isinstance(ckpt, dict):
         raise UsageError(f"{context}{path} is not a nanolap checkpoint (a dict of tensors and plain data)")
+    CHECKPOINT_STEPS[os.path.abspath(path)] = ckpt.get("step")
     return ckpt
+
+def damage(path):
+    """What is wrong with a checkpoint's bytes, or None. torch.save writes a zip archive that keeps a CRC-32 checksum of
+    each record (the pickle, every tensor's bytes); torch.load never checks them, so a flipped bit in a weight or in the
+    optimizer state would load silently. zipfile compares each record with its checksum as it reads it. Records saved
+    without checksums (CRC 0: torch.serialization.set_crc32_options(False)) are read unchecked: such checkpoints load."""
+    broken = (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError, RuntimeError, zlib.error)
+    with open(path, "rb") as file:  # a file that cannot be opened at all raises its own OSError here
+        try:
+            archive = zipfile.ZipFile(file)
+        except broken:
+            return "it is no whole zip archive, as torch.save writes"
+        for record in archive.infolist():
+            # torch's zip reader (miniz) reads a record whose DOS folder bit (0x10) is set as an empty folder: a bit
+            # outside every checksum, which torch.save never sets
+            if record.external_attr & 0x10:
+                return f"record {record.filename} is marked as a folder"
+            if record.CRC == 0:
+                continue
+            try:
+                with archive.open(record) as f:  # reading to the end compares the CRC-32
+                    while f.read(1 << 24):
+                        pass
+            except broken:
+                return f"record {record.filename} differs from what was saved"
+    return None
 
 def load_model(ckpt):
     """Rebuild the model of a loaded nanolap checkpoint (load_checkpoint)."""
@@ -356,9 +394,11 @@ def report_error(kind, error, tb, out_dir=None, aside=None, oom_advice=""):
     """The scripts' sys.excepthook: bad input, a non-finite loss and Ctrl-C end in one line from the first process that
     says what was saved where; an error in the code keeps its traceback, out of memory adds advice after it."""
     saved = ""  # what a run that stops now leaves: its checkpoint, or nothing (and where an earlier run went)
-    if out_dir and os.path.isfile(os.path.join(out_dir, CHECKPOINT)):
-        saved = f"; the last checkpoint is intact: continue with --resume --out_dir={out_dir}"
-    elif out_dir:
+    checkpoint = os.path.abspath(os.path.join(out_dir, CHECKPOINT)) if out_dir else ""
+    step = CHECKPOINT_STEPS.get(checkpoint)  # known when this run saved the checkpoint or checked it on --resume
+    if os.path.isfile(checkpoint) and step is not None:
+        saved = f"; the last checkpoint is intact: continue with --resume --out_dir={out_dir} (it holds step {step})"
+    elif out_dir and not os.path.isfile(checkpoint):
         saved = "; no checkpoint yet, nothing to resume" + (f"; the earlier run in {out_dir} is in {aside}" if aside else "")
     if issubclass(kind, KeyboardInterrupt):
         message = "interrupted" + saved

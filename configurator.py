@@ -33,15 +33,20 @@ def _typed(key, value, default):
 
 def parse_args(defaults, argv):
     """defaults, then config files and --key=value options in command-line order -> a new dict."""
-    config = dict(defaults)
+    return {**defaults, **given_options(defaults, argv)}
+
+def given_options(defaults, argv):
+    """{key: value} of the options that config files and --key=value options set (the last one wins), checked against
+    the names and typed like the values of defaults."""
+    given = {}
     for arg in argv:
         key, has_value, text = arg[2:].partition("=")
-        if arg.startswith("--") and key not in config:
-            raise UsageError(f"unknown option --{key};{_closest(key, config, '--')} --help lists every option")
-        if arg.startswith("--") and not has_value and not isinstance(config[key], bool):
+        if arg.startswith("--") and key not in defaults:
+            raise UsageError(f"unknown option --{key};{_closest(key, defaults, '--')} --help lists every option")
+        if arg.startswith("--") and not has_value and not isinstance(defaults[key], bool):
             raise UsageError(f"--{key} needs a value: --{key}=...")
         if arg.startswith("--"):
-            config[key] = _typed(key, text if has_value else "True", defaults[key])  # --flag is --flag=True
+            given[key] = _typed(key, text if has_value else "True", defaults[key])  # --flag is --flag=True
             continue
         if not os.path.isfile(arg):
             raise UsageError(f"{arg!r} is neither a --key=value option nor a config file")
@@ -54,14 +59,14 @@ def parse_args(defaults, argv):
             if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
                 raise UsageError(f"{where}: only `key = value` lines are allowed")
             key = node.targets[0].id
-            if key not in config:
-                raise UsageError(f"{where}: unknown key {key!r};{_closest(key, config)} --help lists every option")
+            if key not in defaults:
+                raise UsageError(f"{where}: unknown key {key!r};{_closest(key, defaults)} --help lists every option")
             try:
                 value = ast.literal_eval(node.value)
             except ValueError:
                 raise UsageError(f"{where}: {key} must be a literal value")
-            config[key] = _typed(key, value, defaults[key])
-    return config
+            given[key] = _typed(key, value, defaults[key])
+    return given
 
 def _closest(name, names, prefix=""):
     """' did you mean --a or --b?' for the nearest valid names (difflib), '' when none is near."""
@@ -80,11 +85,12 @@ def configure(namespace, argv=None, schedule=()):
         print(namespace["__doc__"].strip() + "\n\noptions (--key=value, or key = value lines in a config file):")
         print("\n".join(f"  --{k}={v!r}  # {comments[k]}" for k, v in options.items()))
         sys.exit(0)
-    config, ckpt = parse_args(options, argv), None
-    if config.get("resume"):
+    given = given_options(options, argv)
+    config, ckpt = {**options, **given}, None
+    if config.get("resume"):  # the checkpoint's options, then the command line's, read once
         ckpt = load_checkpoint(os.path.join(config["out_dir"], CHECKPOINT), "--resume: ")
         saved = {k: v for k, v in ckpt.get("config", {}).items() if k in options}
-        config = parse_args({**options, **saved, "resume": True, "out_dir": config["out_dir"]}, argv)
+        config = {**options, **saved, **given, "resume": True, "out_dir": config["out_dir"]}
         fixed = [f.name for f in fields(Config)] + ["preset", "dataset", "seed", *schedule]
         changed = [f"--{k}={config[k]!r} (checkpoint: {saved[k]!r})" for k in fixed if k in saved and config[k] != saved[k]]
         if changed:  # a longer schedule would raise a cooled-down learning rate again

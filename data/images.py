@@ -44,7 +44,7 @@ def _fashion_mnist_dir(root):
             return d
     try:
         from torchvision.datasets import FashionMNIST
-        with download_timeout():
+        with download_timeout(root):
             for train in (True, False):
                 FashionMNIST(root, train=train, download=True)
     except Exception as e:
@@ -79,8 +79,8 @@ def load_images(name, data_dir="data"):
         raise UsageError(f"unknown dataset {name!r}; choose one of {DATASETS + ('imagefolder',)}")
     root = os.path.join(data_dir, name)
     if name == "fashion_mnist":
-        d = _fashion_mnist_dir(root)
-        split = {s: (_read_idx(os.path.join(d, fx))[:, None], _read_idx(os.path.join(d, fy)).long())
+        root = _fashion_mnist_dir(root)
+        split = {s: (_read_idx(os.path.join(root, fx))[:, None], _read_idx(os.path.join(root, fy)).long())
                  for s, (fx, fy) in FASHION_FILES.items()}
         classes = FASHION_CLASSES
     elif name == "scenes":  # the image label: the item class with the most visible pixels
@@ -94,7 +94,7 @@ def load_images(name, data_dir="data"):
         from torchvision import datasets
         cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
         try:
-            with download_timeout():
+            with download_timeout(root):
                 sets = {s: cls(root, train=(s == "train"), download=True) for s in ("train", "val")}
         except Exception as e:
             fetch = f"python -c \"from torchvision import datasets; datasets.{cls.__name__}('{root}', download=True)\""
@@ -103,6 +103,8 @@ def load_images(name, data_dir="data"):
         split = {s: (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets))
                  for s, ds in sets.items()}
         classes = sets["train"].classes
+    if name != "synthetic":  # which folder a run read: Fashion-MNIST's may be the Debian package's, not data_dir's
+        common.print0(f"read {name} from {root}")
     mean, std = pixel_stats(split["train"][0])
     return dict(train=split["train"], val=split["val"], num_classes=len(classes), classes=classes, mean=mean, std=std)
 
@@ -274,7 +276,7 @@ def load_segmentation(name, data_dir, split, n, size, in_chans):
         from torchvision.datasets import OxfordIIITPet
         root = os.path.join(data_dir, "oxford_pets")
         try:
-            with download_timeout():
+            with download_timeout(root):
                 ds = OxfordIIITPet(root, split="trainval" if split == "train" else "test",
                                    target_types=["segmentation", "binary-category"], download=True)
         except Exception as e:

@@ -3,6 +3,7 @@ checkpoints, an out_dir that cannot be written, temporary files of killed saves,
 first checkpoint. Every script runs in its own process, on tiny settings; the tests poll the output and
 the folder, they never sleep for a fixed time. Slow tier: python -m pytest -q -m slow tests/test_faults.py"""
 
+import io
 import itertools
 import os
 import random
@@ -218,7 +219,7 @@ def test_resume_of_a_finished_run_leaves_it_byte_identical_and_says_how_to_train
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_refused_option_leaves_no_out_dir_behind(kind, data_dir, tmp_path):
     """A model option the config refuses and a dataset that is not there (both checked before out_dir is made): one
-    line, and no out_dir made."""
+    line, and no out_dir made; nor a data folder by the failed download."""
     out_dir = tmp_path / "new" / "run"
     out_dir.parent.mkdir()
     rc, out, err = run(command(kind, data_dir, "--n_lap=9", f"--out_dir={out_dir}"))
@@ -228,6 +229,7 @@ def test_a_refused_option_leaves_no_out_dir_behind(kind, data_dir, tmp_path):
     rc, out, err = run(command(kind, data_dir, missing, "--dataset=cifar10" if kind != "gpt" else "--dataset=tiny",
                                "--cpu_procs=2", f"--out_dir={out_dir}"))
     assert rc != 0 and err.startswith("error: ") and len(err.splitlines()) <= 2 and not out_dir.exists(), err[-1000:]
+    assert not (tmp_path / "no-data").exists()  # a failed download leaves no empty no-data/cifar10/
 
 
 def test_unknown_options_name_the_closest_valid_ones(tmp_path):
@@ -258,20 +260,43 @@ def test_a_scripts_unknown_option_is_one_short_line(data_dir):
 # ----------------------------------------------------------------------------- damaged checkpoints
 
 def damage(path, how, real):
-    """Write a damaged checkpoint at path: random bytes, the first half of a real checkpoint, or nothing."""
-    data = {"random": random.Random(0).randbytes(4096), "truncated": real[:len(real) // 2], "empty": b""}[how]
+    """Write a damaged checkpoint at path: random bytes, the first half of a real checkpoint, nothing, or the real one
+    with one exponent bit flipped in the first float of a weight or of the optimizer's state (1e-2 becomes 1e36)."""
+    if how in ("weight", "optimizer"):
+        tensor = first_float_tensor(torch.load(io.BytesIO(real), weights_only=True)["model" if how == "weight" else how])
+        at = real.find(tensor.numpy().tobytes())
+        assert at >= 0, how
+        at += 3  # the highest byte of a little-endian float32: its sign and 7 of its 8 exponent bits
+        data = real[:at] + bytes([real[at] ^ 0x40]) + real[at + 1:]
+    else:
+        data = {"random": random.Random(0).randbytes(4096), "truncated": real[:len(real) // 2], "empty": b""}[how]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
     return path
 
 
-@pytest.mark.parametrize("how", ["random", "truncated", "empty"])
+def first_float_tensor(state):
+    """The first float32 tensor of 16 or more numbers in a state dict, an optimizer's state or a list of them."""
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, list) else [state]
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.numel() >= 16:
+            return value
+        found = None if isinstance(value, torch.Tensor) else first_float_tensor(value)
+        if found is not None:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("how", ["random", "truncated", "empty", "weight", "optimizer"])
 def test_a_damaged_checkpoint_is_refused_in_one_line(how, tmp_path):
     """The one reader of checkpoints (common.load_checkpoint): a damaged file is named and called damaged or
-    truncated, never loaded with weights_only=False (which would run whatever code the file holds)."""
+    truncated, never loaded with weights_only=False (which would run whatever code the file holds); a flipped bit in
+    a weight or the optimizer's state too, which torch.load alone would load."""
     real = tmp_path / "real.pt"
-    common.save_checkpoint({"kind": "vit", "model": {"w": torch.randn(64, 64)}, "step": 3}, str(real))
+    optimizer = {"state": {0: {"exp_avg": torch.randn(64, 64) / 100}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    common.save_checkpoint({"kind": "vit", "model": {"w": torch.randn(64, 64) / 100}, "optimizer": optimizer,
+                            "step": 3}, str(real))
     path = damage(str(tmp_path / "run" / "ckpt.pt"), how, real.read_bytes())
     with pytest.raises(common.UsageError) as e:
         common.load_checkpoint(path, "--resume: ")
@@ -282,8 +307,9 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(how, tmp_path):
 @pytest.mark.slow
 def test_every_command_that_reads_a_checkpoint_refuses_a_damaged_one_in_one_line(finished, data_dir, tmp_path):
     """As a user meets it, once per command (the kinds of damage in turn): exit status 1 and one line that names the
-    file and says it is damaged or truncated."""
-    hows = itertools.cycle(["random", "truncated", "empty"])
+    file and says it is damaged or truncated, and no analysis/ folder. A flipped bit reaches --resume and analyze.py of
+    the ViT and DINO: loaded, a weight 1e36 times too large would end analyze.py in a LinAlgError."""
+    hows = itertools.cycle(["optimizer", "weight", "random", "truncated", "empty"])
     readers = {"vit": ["--resume", "analyze.py"], "gpt": ["--resume", "analyze.py", "--sample_from"],
                "dino": ["--resume", "analyze.py", "--eval_only"]}
     for kind, names in readers.items():
@@ -298,6 +324,7 @@ def test_every_command_that_reads_a_checkpoint_refuses_a_damaged_one_in_one_line
             rc, out, err = run(argv[name])
             assert_one_line_error(rc, out, err, path, "damaged or truncated")
             assert name == "analyze.py" or err.startswith(f"error: {name}: "), err
+            assert "intact" not in err and not os.path.exists(os.path.join(run_dir, "analysis")), err
 
 
 @pytest.mark.slow
@@ -377,7 +404,7 @@ def test_kills_while_checkpointing_every_step(kind, data_dir, tmp_path):
 def test_ctrl_c_says_what_was_saved_and_where(procs, finished, data_dir, tmp_path):
     """Ctrl-C (SIGINT to the process a user started) ends the run in one line from the first process: before the
     first checkpoint, that nothing can be resumed and where the earlier run of the folder went; after it, that
-    --resume continues it, which then works."""
+    --resume continues it from the step it names, which then works."""
     out_dir = copy_run(finished["gpt"], tmp_path / "run")
     argv = command("gpt", data_dir, f"--cpu_procs={procs}", "--max_iters=3000", "--eval_interval=40", f"--out_dir={out_dir}")
     training = Background(argv)
@@ -400,6 +427,7 @@ def test_ctrl_c_says_what_was_saved_and_where(procs, finished, data_dir, tmp_pat
     finally:
         training.kill()
     err = "".join(training.err)
-    assert err == f"interrupted; the last checkpoint is intact: continue with --resume --out_dir={out_dir}\n", err
+    assert err == (f"interrupted; the last checkpoint is intact: continue with --resume --out_dir={out_dir} (it holds "
+                   f"step 40)\n"), err
     rc, out, err = run(argv[:-1] + ["--max_iters=3000", "--resume", f"--out_dir={out_dir}", "--stop_at_step=42"])
     assert rc == 0 and f"resumed from {out_dir}/ckpt.pt at step 40" in out, err[-2000:]

@@ -7,6 +7,7 @@ import ast
 import glob
 import math
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -103,14 +104,17 @@ def test_config_from_options_derives_the_model_config_from_its_fields(tmp_path):
         configurator.config_from_options(dict(config, preset="gpt-tiny"), "vit")
 
 
-def test_resume_takes_the_checkpoint_options_and_refuses_model_changes(tmp_path):
+def test_resume_takes_the_checkpoint_options_and_refuses_model_changes(tmp_path, monkeypatch):
     out = tmp_path / "run"
     cfg = dict(out_dir=str(out), resume=False, lr=0.5, n_lap=3, preset="vit-cpu", n_embd=None)
     common.save_checkpoint({"config": cfg, "model_config": {}}, str(out / "ckpt.pt"))
     config, ckpt = configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}"])
     assert ckpt is not None and config["lr"] == 0.5 and config["n_lap"] == 3 and config["resume"]
+    typed, read = [], configurator._typed
+    monkeypatch.setattr(configurator, "_typed", lambda key, *args: typed.append(key) or read(key, *args))
     config, _ = configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--lr=0.1"])
     assert config["lr"] == 0.1  # a training option may change ...
+    assert typed == ["resume", "out_dir", "lr"]  # (the command line is read once)
     # ... the model not
     with pytest.raises(common.UsageError, match=r"cannot change the model, data or schedule \(--n_lap=4 \(checkpoint: 3\)"):
         configurator.configure(fake_script(tmp_path, SCRIPT), ["--resume", f"--out_dir={out}", "--n_lap=4"])
@@ -224,17 +228,31 @@ def test_checkpoint_is_atomic_and_never_executes_code(tmp_path, monkeypatch):
     torch.save({"evil": Config()}, str(tmp_path / "evil.pt"))  # a pickled object, not plain data
     with pytest.raises(common.UsageError, match="holds Python objects.*not loaded"):
         common.load_checkpoint(str(tmp_path / "evil.pt"))
+
+    def refuse(*args, **kwargs):  # the refusal in other words: torch's texts change between versions
+        raise pickle.UnpicklingError("Weights only load failed: GLOBAL nanolap.Config is not allowed")
+    monkeypatch.setattr(torch, "load", refuse)
+    with pytest.raises(common.UsageError, match="holds Python objects.*not loaded"):
+        common.load_checkpoint(str(tmp_path / "evil.pt"))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         common.load_checkpoint(str(tmp_path / "missing.pt"))
 
 
 def test_checkpoints_round_trip_plain_data(tmp_path, capsys):
+    """Also a checkpoint saved without the checksums that load_checkpoint verifies (torch.save can leave them out)."""
     path = str(tmp_path / "ckpt.pt")
     saved = {"step": 4, "model": {"w": torch.arange(6.0).view(2, 3)}, "rng": (3, [1, 2], None)}
     common.save_checkpoint(saved, path)
     ckpt = common.load_checkpoint(path)
     assert sorted(ckpt) == ["model", "rng", "step"] and torch.equal(ckpt["model"]["w"], saved["model"]["w"])
     assert capsys.readouterr().out == ""
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        common.save_checkpoint(saved, path)
+    finally:
+        torch.serialization.set_crc32_options(crc)
+    assert torch.equal(common.load_checkpoint(path)["model"]["w"], saved["model"]["w"])
 
 
 def test_save_checkpoint_removes_temp_files_of_killed_saves(tmp_path):
@@ -381,13 +399,15 @@ def test_the_arrows_point_one_way():
 
 def test_machine_name_is_one_word_naming_the_gpu_or_the_cpu_and_its_kernels(monkeypatch):
     """A run records what trained it (floats differ between machines): the GPU's name, or the CPU's model name and the
-    vector instructions torch's kernels use, as one word for the RESULT line."""
+    vector instructions torch's kernels use, as one word for the RESULT line, without trademark signs."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     assert common.machine_name("cuda:0") == "NVIDIA_H200"
     cpu = common.machine_name("cpu")
     assert cpu.endswith("_" + torch.backends.cpu.get_cpu_capability()) and " " not in cpu and len(cpu) > 8
     monkeypatch.setattr(common, "cpu_model_name", lambda: "Apple  M2 Pro")
     assert common.machine_name("mps") == f"Apple_M2_Pro_{torch.backends.cpu.get_cpu_capability()}"
+    monkeypatch.setattr(common, "cpu_model_name", lambda: "Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz")
+    assert common.machine_name("cpu") == f"Intel_Core_i7-8700_CPU_@_3.20GHz_{torch.backends.cpu.get_cpu_capability()}"
 
 
 def test_a_cuda_run_allows_tf32(monkeypatch, tmp_path):

@@ -553,8 +553,9 @@ def test_bad_input_gives_one_line_in_a_shell(tmp_path):
 
 def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
     """Without Fashion-MNIST on disk, the fallback download must fail in one error when the server goes silent (a
-    dropped connection offline), not wait forever. The fake server accepts and never answers; the fake dataset
-    downloads as torchvision does, through urllib without a timeout of its own."""
+    dropped connection offline), not wait forever, and leave no folder behind. The fake server accepts and never
+    answers; the fake dataset makes its folder and downloads as torchvision does, through urllib without a timeout of
+    its own."""
     import threading
     import time
     import urllib.request
@@ -570,6 +571,7 @@ def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
 
     class SilentFashionMNIST:
         def __init__(self, root, train=True, download=False):
+            os.makedirs(os.path.join(root, "FashionMNIST", "raw"), exist_ok=True)
             urllib.request.urlopen(f"http://127.0.0.1:{server.getsockname()[1]}/train-images-idx3-ubyte.gz").read()
 
     monkeypatch.setattr(torchvision.datasets, "FashionMNIST", SilentFashionMNIST)
@@ -577,8 +579,9 @@ def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "DOWNLOAD_TIMEOUT", 0.5)
     t0 = time.time()
     with pytest.raises(common.UsageError, match="download failed .*timed out"):
-        images.load_images("fashion_mnist", str(tmp_path))
+        images.load_images("fashion_mnist", str(tmp_path / "nodata"))
     assert time.time() - t0 < 5 and socket.getdefaulttimeout() is None  # gave up; the process's default is back
+    assert not (tmp_path / "nodata").exists()  # not even an empty nodata/fashion_mnist/
     server.close()
 
 
@@ -587,9 +590,12 @@ def test_an_offline_download_gives_up_instead_of_hanging(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_fashion_mnist_smoke(tmp_path):
+    """Without --data_dir: the run names the folder it read (data/fashion_mnist, else the Debian package's)."""
     p = run(SCRIPT, "--train_subset=4096", "--val_subset=1000", "--epochs=2", "--batch_size=128", "--log_interval=8",
             f"--out_dir={tmp_path}", check=True)
     assert "data: fashion_mnist 4096 train / 1000 val images, 1x28x28, 10 classes" in p.stdout
+    folder = re.search(r"^read fashion_mnist from (.+)$", p.stdout, re.M)
+    assert folder and os.path.isfile(os.path.join(ROOT, folder[1], "train-images-idx3-ubyte.gz")), p.stdout[:2000]
     r = result(p.stdout)
     assert float(r["val_acc"]) > 0.5 and r["dataset"] == "fashion_mnist"
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["classes"] == images.FASHION_CLASSES
