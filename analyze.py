@@ -390,7 +390,7 @@ def block_updates(block, x, rope=None):
     its columns of the output projection times LayerScale; the attention sublayer's output A = sum_h U_h + the
     projection bias (times LayerScale), (B, T, d); and the MLP's update M of x + A. The block's output is x + A + M."""
     attn, C = block.attn, x.shape[-1]
-    y = attn.heads(block.norm1(x), rope)[0]  # (B, T, H, D)
+    y = attn.heads(block.norm1(x), rope)  # (B, T, H, D)
     U = torch.einsum("bthe,dhe->bthd", y, attn.proj.weight.view(C, attn.n_head, attn.head_dim))  # (B, T, H, d)
     bias = attn.proj.bias if attn.proj.bias is not None else torch.zeros(C, device=x.device)
     if isinstance(block.ls1, nanolap.LayerScale):

@@ -26,13 +26,14 @@ import torch.nn.functional as F
 
 # ---- mixed-head attention: the idea -----------------------------------------
 class MixedHeadAttention(nn.Module):
-    """n_head heads: the first n_head - n_lap output P V (attention heads), the trailing n_lap (I - P) V (Laplacian)."""
+    """n_head heads: the first n_att output P V (attention heads), the trailing n_lap (I - P) V (Laplacian heads)."""
 
     def __init__(self, config, n_lap):
         super().__init__()
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head or config.n_head  # key and value heads; fewer: grouped-query attention
         self.n_lap = n_lap
+        self.n_att = config.n_head - n_lap
         self.causal = config.causal
         self.dropout = config.dropout
         self.head_dim = config.n_embd // config.n_head
@@ -44,12 +45,38 @@ class MixedHeadAttention(nn.Module):
         self.k_norm = make_norm(config, self.head_dim) if config.qk_norm and queries else nn.Identity()
         self.resid_drop = nn.Dropout(config.dropout)
 
+    def heads(self, x, rope=None, cache=None):
+        """Every head's output before the output projection (B, T, H, D): P V, then V - P V for the trailing n_lap."""
+        q, k, v = self.project(x, rope)  # q (B, H, T, D); k and v (B, K, T, D)
+        T = q.shape[2]
+        if cache is not None:
+            k, v = extend_cache(cache, k, v)  # (B, K, S, D): the S - T cached positions, then this call's T
+        k, v = kv_for_kernel(q, k, v)  # grouped-query attention as SDPA's kernel reads it
+        drop = self.dropout if self.training else 0.0  # drops entries of P: (I - P) 1 = 0 holds on average only
+        causal = self.causal and T > 1  # a new cached token (T = 1) sees every cached one
+        grouped = k.shape[1] < self.n_head  # fewer key and value heads than query heads
+        # P V for every head, (B, T, H, D), in one fused call (FlashAttention on a GPU: P is never built)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=causal, enable_gqa=grouped).transpose(1, 2)
+        if self.n_lap:  # V - P V for the trailing n_lap heads, with the values of this call's tokens
+            v = expand_kv(v[:, :, -T:], self.n_head).transpose(1, 2)  # (B, T, H, D): each query head's values
+            y = torch.cat([y[:, :, :self.n_att], v[:, :, self.n_att:] - y[:, :, self.n_att:]], dim=2)  # (B, T, H, D)
+        return y
+
+    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
+        """(B, T, C) -> (B, T, C). explicit: through the path that materialises P; return_attn: that path, and P."""
+        if explicit or return_attn:
+            y, P = self.explicit_heads(x, rope)  # (B, T, H, D), (B, H, T, T)
+        else:
+            y = self.heads(x, rope, cache)  # (B, T, H, D)
+        y = self.resid_drop(self.proj(y.flatten(2)))  # (B, T, C)
+        return (y, P) if return_attn else y
+
     def qkv_heights(self):
         kv_dim = self.n_kv_head * self.head_dim
         return [self.n_head * self.head_dim, kv_dim, kv_dim]
 
     def project(self, x, rope=None):
-        """Queries (B, H, T, D) and keys (B, K, T, D), normalised and rotated, and values (B, T, K, D)."""
+        """Queries (B, H, T, D), keys and values (B, K, T, D); queries and keys normalised and rotated."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
         q = self.q_norm(q.view(B, T, self.n_head, self.head_dim))  # (B, T, H, D)
@@ -57,71 +84,46 @@ class MixedHeadAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return q.transpose(1, 2), k.transpose(1, 2), v
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def heads(self, x, rope=None, explicit=False, cache=None):
-        """Every head's output before the output projection (B, T, H, D), and P (the explicit path; else None)."""
-        q, k, v = self.project(x, rope)
-        vh = v.transpose(1, 2)  # (B, K, T, D)
-        if cache is not None:
-            k, vh = extend_cache(cache, k, vh)  # (B, K, S, D): the S - T cached positions, then this call's T
-        if explicit:
-            return self.explicit_heads(q, k, vh)
-        if not sdpa_reads_groups(q):  # a kernel without grouped-query attention: every query head its own k and v
-            k, vh = expand_kv(k, self.n_head, dim=1), expand_kv(vh, self.n_head, dim=1)  # (B, H, S, D)
-        # P V for every head in one fused call (FlashAttention on a GPU: P is never built); a new cached token sees all
-        drop = self.dropout if self.training else 0.0  # drops entries of P: in training (I - P) 1 = 0 holds on average only
-        y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=self.causal and q.shape[2] > 1,
-                                           enable_gqa=k.shape[1] < self.n_head)  # (B, H, T, D)
-        y = y.transpose(1, 2)  # (B, T, H, D)
-        # V - P V for the trailing n_lap heads. Under a KV cache row t is v_t - sum_s P_ts v_s, and v_t is the new
-        # token's own value, computed in this call: a Laplacian head needs nothing cached beyond an attention head
-        if self.n_lap:
-            v = expand_kv(v, self.n_head, dim=2)  # (B, T, H, D): each query head's values
-        if self.n_lap == self.n_head:
-            y = v - y  # (B, T, H, D): V - P V, every head Laplacian
-        elif self.n_lap:
-            A = self.n_head - self.n_lap  # attention heads first, then the Laplacian ones
-            y = torch.cat([y[:, :, :A], v[:, :, A:] - y[:, :, A:]], dim=2)  # (B, T, H, D): P V, then V - P V
-        return y, None
-
-    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
-        """(B, T, C) -> (B, T, C); return_attn: also P (B, H, T, T), through the explicit path."""
-        y, P = self.heads(x, rope, explicit or return_attn, cache)  # (B, T, H, D)
-        y = self.resid_drop(self.proj(y.flatten(2)))  # (B, T, C)
-        return (y, P) if return_attn else y
-
-    def explicit_heads(self, q, k, vh):
-        """(y, P): the same heads with every P materialised (B, H, T, T), for teaching, analysis and the tests."""
-        H = self.n_head
-        k, vh = expand_kv(k, H, dim=1), expand_kv(vh, H, dim=1)  # (B, H, T, D)
+    def explicit_heads(self, x, rope=None):
+        """The same heads (B, T, H, D) with every P (B, H, T, T) materialised, for teaching, analysis and the tests."""
+        q, k, v = self.project(x, rope)  # q (B, H, T, D); k and v (B, K, T, D)
+        k, v = expand_kv(k, self.n_head), expand_kv(v, self.n_head)  # (B, H, T, D): each query head's keys and values
         att = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5  # (B, H, T, T)
         T = att.shape[-1]
         if self.causal:  # no token sees the future
             att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=att.device).triu(1), float("-inf"))
         P = F.dropout(att.softmax(dim=-1), self.dropout, self.training)
-        is_lap = (torch.arange(H, device=P.device) >= H - self.n_lap).view(1, H, 1, 1)
+        is_lap = (torch.arange(self.n_head, device=P.device) >= self.n_att).view(1, self.n_head, 1, 1)
         eye = torch.eye(T, device=P.device, dtype=P.dtype)
-        y = (torch.where(is_lap, eye - P, P) @ vh).transpose(1, 2)  # (B, T, H, D)
-        return y, P
+        y = torch.where(is_lap, eye - P, P) @ v  # (B, H, T, D): (I - P) V for the Laplacian heads, P V for the others
+        return y.transpose(1, 2), P
 
-def expand_kv(t, n_head, dim):
-    """Grouped-query attention: each of t's K key or value heads (along dim) serves n_head / K query heads in a row."""
-    K = t.shape[dim]
-    return t if K == n_head else t.repeat_interleave(n_head // K, dim=dim)
+def expand_kv(t, n_head):
+    """Grouped-query attention: each of t's K key or value heads (B, K, T, D) serves n_head / K query heads in a row."""
+    K = t.shape[1]
+    return t if K == n_head else t.repeat_interleave(n_head // K, dim=1)
 
-def sdpa_reads_groups(q):
-    """Whether SDPA reads grouped keys and values itself: on a CPU and in FlashAttention (16-bit, capability >= 8.0); its
-    other CUDA kernels (a T4, float32) would fall back to the math kernel, memory growing with T^2 (pytorch #139586)."""
-    return not q.is_cuda or q.dtype != torch.float32 and torch.cuda.get_device_capability(q.device) >= (8, 0)
-
-def extend_cache(cache, k, vh):
-    """Generation: one layer's cached keys and values (B, K, t, D) of the earlier positions, then this call's."""
+def extend_cache(cache, k, v):
+    """Generation: one layer's cached keys and values (B, K, t, D), then this call's. A Laplacian head caches no more
+    than an attention head: row t of V - P V is v_t - sum_s P_ts v_s, and v_t is the new token's own value."""
     if cache:
         k = torch.cat([cache["k"], k], dim=2)
-        vh = torch.cat([cache["v"], vh], dim=2)
-    cache.update(k=k, v=vh)
-    return k, vh
+        v = torch.cat([cache["v"], v], dim=2)
+    cache.update(k=k, v=v)
+    return k, v
+
+def kv_for_kernel(q, k, v):
+    """Keys and values as SDPA's kernel reads them. A CPU and FlashAttention (16-bit, capability >= 8.0) read grouped
+    ones (B, K, S, D) themselves; SDPA's other CUDA kernels (a T4, float32) would fall back to the math kernel, memory
+    growing with T^2 (pytorch #139586), so there every query head gets its own copy (B, H, S, D)."""
+    if sdpa_reads_groups(q):
+        return k, v
+    return expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+
+def sdpa_reads_groups(q):
+    return not q.is_cuda or q.dtype != torch.float32 and torch.cuda.get_device_capability(q.device) >= (8, 0)
 
 class UniformGraphAttention(MixedHeadAttention):
     """The mean-mixing baseline (graph='uniform'): every score 0, so P is the plain average over the sequence (causally:
@@ -134,7 +136,7 @@ class UniformGraphAttention(MixedHeadAttention):
         B, T, C = x.shape
         v = self.qkv(x).view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D): values only
         scores = x.new_zeros(B, self.n_head, T, 1)  # (B, H, T, 1): zero queries and keys, so every score is 0
-        return scores, scores[:, :self.n_kv_head], v
+        return scores, scores[:, :self.n_kv_head], v.transpose(1, 2)
 
 class UniformLaplacianAttention(MixedHeadAttention):
     """The mixed graph control (graph='lap_uniform'): the attention heads keep their softmax graph, the Laplacian heads
@@ -142,20 +144,18 @@ class UniformLaplacianAttention(MixedHeadAttention):
     queries and keys; the Laplacian heads' are zero, so each of their scores is 0 and their P the plain average."""
 
     def qkv_heights(self):
-        n_att = self.n_head - self.n_lap
-        return [n_att * self.head_dim, n_att * self.head_dim, self.n_head * self.head_dim]
+        return [self.n_att * self.head_dim, self.n_att * self.head_dim, self.n_head * self.head_dim]
 
     def project(self, x, rope=None):
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
-        n_att = self.n_head - self.n_lap
         zeros = x.new_zeros(B, T, self.n_lap, self.head_dim)  # the Laplacian heads' queries and keys
-        q = torch.cat([self.q_norm(q.view(B, T, n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
-        k = torch.cat([self.k_norm(k.view(B, T, n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
+        q = torch.cat([self.q_norm(q.view(B, T, self.n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
+        k = torch.cat([self.k_norm(k.view(B, T, self.n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
         v = v.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
         if rope is not None:  # a rotated zero stays zero
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return q.transpose(1, 2), k.transpose(1, 2), v
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 ATTENTION = dict(attention=MixedHeadAttention, uniform=UniformGraphAttention, lap_uniform=UniformLaplacianAttention)
 
@@ -328,7 +328,7 @@ class Trunk(nn.Module):
         for block in self.blocks[:layer]:
             x = block(x, rope)
         block = self.blocks[layer]
-        return block.attn(block.norm1(x), rope, explicit=True, return_attn=True)[1]
+        return block.attn(block.norm1(x), rope, return_attn=True)[1]
 
     def num_params(self, exclude_embedding=False):
         """Parameter count; exclude_embedding leaves out token tables, lookups rather than matmuls (the GPT's wte)."""

@@ -236,7 +236,7 @@ def test_uniform_graph_fused_equals_explicit_and_mixes_by_the_mean(causal, n_lap
     count = torch.arange(1, 10).view(1, 9, 1, 1)
     mean = v.cumsum(1) / count if causal else v.mean(1, keepdim=True).expand_as(v)  # written out: P V
     expected = torch.cat([mean[:, :, :cfg.n_head - n_lap], (v - mean)[:, :, cfg.n_head - n_lap:]], dim=2)
-    torch.testing.assert_close(attn.heads(x)[0], expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(attn.heads(x), expected, atol=1e-5, rtol=1e-4)
     y, P = attn(x, return_attn=True)
     torch.testing.assert_close(attn(x), y, atol=1e-5, rtol=1e-4)  # fused == explicit
     rows = torch.ones(9, 9).tril() if causal else torch.ones(9, 9)
@@ -282,8 +282,8 @@ def test_lap_uniform_keeps_the_attention_heads_and_mixes_the_laplacian_heads_by_
     if causal:
         model = build_model(cfg)
         rope = (model.cos[:, :9], model.sin[:, :9])
-    y = attn.heads(x, rope)[0]  # (B, T, H, D)
-    torch.testing.assert_close(y[:, :, :H - n_lap], full.heads(x, rope)[0][:, :, :H - n_lap], atol=1e-5, rtol=1e-4)
+    y = attn.heads(x, rope)  # (B, T, H, D)
+    torch.testing.assert_close(y[:, :, :H - n_lap], full.heads(x, rope)[:, :, :H - n_lap], atol=1e-5, rtol=1e-4)
     v = (x @ attn.qkv.weight[2 * A:].T + (attn.qkv.bias[2 * A:] if attn.qkv.bias is not None else 0)).view(2, 9, H, -1)
     count = torch.arange(1, 10).view(1, 9, 1, 1)
     mean = v.cumsum(1) / count if causal else v.mean(1, keepdim=True).expand_as(v)
