@@ -17,7 +17,7 @@ Convention (the first author's code): the trailing `n_lap` heads of a layer, an 
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -40,9 +40,8 @@ class MixedHeadAttention(nn.Module):
         self.qkv_rows = self.qkv_heights()  # the heights of q, k and v in qkv
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        queries = len(self.qkv_rows) == 3  # the uniform graph has no queries or keys
-        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm and queries else nn.Identity()
-        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm and queries else nn.Identity()
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
         self.resid_drop = nn.Dropout(config.dropout)
 
     def heads(self, x, rope=None, cache=None):
@@ -127,7 +126,10 @@ def sdpa_reads_groups(q):
 
 class UniformGraphAttention(MixedHeadAttention):
     """The mean-mixing baseline (graph='uniform'): every score 0, so P is the plain average over the sequence (causally:
-    over the positions <= t) and P V the (running) mean; no queries or keys."""
+    over the positions <= t) and P V the (running) mean; no queries or keys, so no QK-norm either."""
+
+    def __init__(self, config, n_lap):
+        super().__init__(replace(config, qk_norm=False), n_lap)
 
     def qkv_heights(self):
         return [self.n_kv_head * self.head_dim]  # values only
