@@ -210,9 +210,7 @@ class Block(nn.Module):
         self.drop_path = drop_path_rate
 
     def forward(self, x, rope=None, explicit=False, cache=None):
-        h = self.norm1(x)
-        # a cache only in generation: an attention module that overrides forward without one still fits the block
-        h = self.attn(h, rope, explicit) if cache is None else self.attn(h, rope, explicit, cache=cache)
+        h = self.attn(self.norm1(x), rope, explicit, cache=cache)
         x = x + drop_path(self.ls1(h), self.drop_path, self.training)
         return x + drop_path(self.ls2(self.mlp(self.norm2(x))), self.drop_path, self.training)
 
