@@ -6,6 +6,8 @@ parameters and no FLOPs; a GPT's zero output projections make every block a no-o
 (every P the sequence mean, the mean-mixing baseline) has a fused path equal to its explicit one and no queries or
 keys. The models around the idea are tested in test_models.py, the run plumbing in test_plumbing.py."""
 
+import os
+import re
 import types
 
 import pytest
@@ -14,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import nanolap
-from conftest import float32_matmuls, randomise
+from conftest import ROOT, float32_matmuls, randomise
 from nanolap import MixedHeadAttention, build_model, make_config
 
 
@@ -108,6 +110,16 @@ def test_fused_equals_reference_with_rope(n_kv_head):
     expected = reference_attention(attn, x, rope)
     torch.testing.assert_close(attn(x, rope), expected, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(attn(x, rope, explicit=True), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_the_readme_quotes_the_fused_path_as_nanolap_writes_it():
+    """README.md's code under "The idea in one line of code" is nanolap.py's own: every quoted line, indentation aside,
+    is a line of nanolap.py, the SDPA call and V - P V among them."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    quoted = re.search(r"## The idea in one line of code\n.*?```python\n(.*?)```", readme, re.S).group(1).splitlines()
+    code = {line.strip() for line in open(nanolap.__file__)}
+    assert [line for line in quoted if line.strip() not in code] == []
+    assert "F.scaled_dot_product_attention(" in quoted[0] and "v[:, :, self.n_att:] - y[:, :, self.n_att:]" in quoted[1]
 
 
 def test_causal_first_position_is_zero_and_future_never_leaks():
