@@ -255,7 +255,7 @@ class Config:
         for name in ("n_layer", "n_head", "n_embd", "patch_size", "in_chans", "block_size"):
             self._check(name, getattr(self, name) >= 1, "must be at least 1")
         self._check("n_embd", self.n_embd % self.n_head == 0, f"not divisible by n_head={self.n_head}; choose a multiple of n_head")
-        counts = self.lap_schedule()
+        counts = self.n_lap_per_layer()
         self._check("n_lap", all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in counts),
                     "must be a non-negative int or a list of them, one per layer")
         self._check("n_lap", len(counts) == self.n_layer, f"the per-layer list has {len(counts)} entries but n_layer={self.n_layer}")
@@ -278,7 +278,7 @@ class Config:
         if not ok:
             raise ValueError(f"Config.{field}={getattr(self, field)!r}: {why}")
 
-    def lap_schedule(self):
+    def n_lap_per_layer(self):
         """Number of Laplacian heads in each layer."""
         return list(self.n_lap) if isinstance(self.n_lap, (list, tuple)) else [self.n_lap] * self.n_layer
 
@@ -309,8 +309,9 @@ class Trunk(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        dpr = [config.drop_path * i / max(config.n_layer - 1, 1) for i in range(config.n_layer)]
-        self.blocks = nn.ModuleList(Block(config, k, p) for k, p in zip(config.lap_schedule(), dpr))
+        drop_path_rates = [config.drop_path * i / max(config.n_layer - 1, 1) for i in range(config.n_layer)]
+        layers = zip(config.n_lap_per_layer(), drop_path_rates)
+        self.blocks = nn.ModuleList(Block(config, n_lap, drop_path_rate) for n_lap, drop_path_rate in layers)
         self.norm = make_norm(config, config.n_embd)
 
     def run_blocks(self, x, rope=None, explicit=False, all_layers=False, cache=None):
