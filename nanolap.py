@@ -287,7 +287,7 @@ _GPT = dict(model="gpt", causal=True, qk_norm=True, norm="rmsnorm", mlp="relu2",
 _IMAGENET = dict(_VIT, n_layer=12, img_size=224, patch_size=16, in_chans=3)  # ViT-*/16
 PRESETS = {  # the paper's models and small sizes that train on a laptop CPU; any field can be overridden
     "vit-b": dict(_IMAGENET, n_embd=768, n_head=12, num_classes=1000, layerscale=1e-6),  # DeiT-III ViT-B/16
-    "vit-s": dict(_IMAGENET, n_embd=384, n_head=6, num_classes=0, layerscale=1e-6),  # the author fork's DeiT-III small (DINO runs)
+    "vit-s": dict(_IMAGENET, n_embd=384, n_head=6, num_classes=0, layerscale=1e-6),  # DeiT-III ViT-S/16, the paper's DINO backbone
     "vit-small": dict(_VIT, n_layer=6, n_embd=192, n_head=6, img_size=32, patch_size=4, in_chans=3),
     "vit-tiny": dict(_VIT, n_layer=4, n_embd=96, n_head=4, img_size=28, patch_size=4, in_chans=1),
     # the CPU model: 7x7 patches give 17 tokens instead of 50, and d 64 is cheaper per step than 96
@@ -339,7 +339,8 @@ class Trunk(nn.Module):
     def flops_per_token(self, T):
         """Training FLOPs per token (nanochat): 6N (matmuls) + 12 L d T (attention; a causal half counted too: 9% of gpt-d20's
         total at T 2048); V - P V counts 0; the uniform graph's constant scores: Q K^T forward (width 1), P V and dV."""
-        L, d = self.config.n_layer, self.config.n_embd
+        L = self.config.n_layer
+        d = self.config.n_embd
         if self.config.graph == "uniform":
             return 6 * self.num_params(exclude_embedding=True) + L * T * (4 * d + 2 * self.config.n_head)
         return 6 * self.num_params(exclude_embedding=True) + 12 * L * d * T
@@ -349,11 +350,11 @@ class ViT(Trunk):
     """DeiT-III: patch embedding, CLS token, learned positions, head; crops of other sizes (DINO) interpolate them."""
     def __init__(self, config):
         super().__init__(config)
-        c, self.grid = config, config.img_size // config.patch_size
-        self.patch_embed = nn.Conv2d(c.in_chans, c.n_embd, c.patch_size, c.patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid * self.grid, c.n_embd))
-        self.head = nn.Linear(c.n_embd, c.num_classes) if c.num_classes else nn.Identity()
+        self.grid = config.img_size // config.patch_size
+        self.patch_embed = nn.Conv2d(config.in_chans, config.n_embd, config.patch_size, config.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.n_embd))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid * self.grid, config.n_embd))
+        self.head = nn.Linear(config.n_embd, config.num_classes) if config.num_classes else nn.Identity()
         self.init_weights()
 
     @torch.no_grad()
@@ -375,7 +376,8 @@ class ViT(Trunk):
 
     def embed(self, img):  # img (B, C, H, W) -> tokens (B, 1 + N, d), the CLS token first
         x = self.patch_embed(img)  # (B, d, h, w)
-        pos, (h, w) = self.pos_embed, x.shape[-2:]
+        pos = self.pos_embed
+        h, w = x.shape[-2:]
         if (h, w) != (self.grid, self.grid):
             pos = pos.reshape(1, self.grid, self.grid, -1).permute(0, 3, 1, 2)
             pos = F.interpolate(pos, size=(h, w), mode="bicubic").permute(0, 2, 3, 1).reshape(1, h * w, -1)
