@@ -46,18 +46,17 @@ class MixedHeadAttention(nn.Module):
 
     def heads(self, x, rope=None, cache=None):
         """Every head's output before the output projection (B, T, H, D): P V, then V - P V for the trailing n_lap."""
-        q, k, v = self.project(x, rope)  # q (B, H, T, D); k and v (B, K, T, D)
-        T = q.shape[2]
-        if cache is not None:
-            k, v = extend_cache(cache, k, v)  # (B, K, S, D): the S - T cached positions, then this call's T
-        k, v = kv_for_kernel(q, k, v)  # grouped-query attention as SDPA's kernel reads it
+        q, k, v = self.project(x, rope)  # q (B, H, T, D); k and v (B, K, T, D) of this call's T tokens
+        keys, values = (k, v) if cache is None else extend_cache(cache, k, v)  # (B, K, S, D): S - T cached, then T
+        keys, values = kv_for_kernel(q, keys, values)  # grouped-query attention as SDPA's kernel reads it
         drop = self.dropout if self.training else 0.0  # drops entries of P: (I - P) 1 = 0 holds on average only
-        causal = self.causal and T > 1  # a new cached token (T = 1) sees every cached one
-        grouped = k.shape[1] < self.n_head  # fewer key and value heads than query heads
-        # P V for every head, (B, T, H, D), in one fused call (FlashAttention on a GPU: P is never built)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=causal, enable_gqa=grouped).transpose(1, 2)
-        if self.n_lap:  # V - P V for the trailing n_lap heads, with the values of this call's tokens
-            v = expand_kv(v[:, :, -T:], self.n_head).transpose(1, 2)  # (B, T, H, D): each query head's values
+        causal = self.causal and q.shape[2] > 1  # a new cached token sees every cached one
+        grouped = keys.shape[1] < self.n_head  # fewer key and value heads than query heads
+        # P V for every head in one fused call (FlashAttention on a GPU: P is never built)
+        y = F.scaled_dot_product_attention(q, keys, values, dropout_p=drop, is_causal=causal, enable_gqa=grouped)
+        y = y.transpose(1, 2)  # (B, T, H, D)
+        if self.n_lap:  # V - P V for the trailing n_lap heads, V the values of this call's tokens
+            v = expand_kv(v, self.n_head).transpose(1, 2)  # (B, T, H, D): each query head's values
             y = torch.cat([y[:, :, :self.n_att], v[:, :, self.n_att:] - y[:, :, self.n_att:]], dim=2)  # (B, T, H, D)
         return y
 
