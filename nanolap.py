@@ -17,7 +17,7 @@ Convention (the first author's code): the trailing `n_lap` heads of a layer, an 
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -26,30 +26,55 @@ import torch.nn.functional as F
 
 # ---- mixed-head attention: the idea -----------------------------------------
 class MixedHeadAttention(nn.Module):
-    """n_head heads: the first n_head - n_lap output P V (attention heads), the trailing n_lap (I - P) V (Laplacian)."""
+    """n_head heads: the first n_att output P V (attention heads), the trailing n_lap (I - P) V (Laplacian heads)."""
 
     def __init__(self, config, n_lap):
         super().__init__()
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head or config.n_head  # key and value heads; fewer: grouped-query attention
         self.n_lap = n_lap
+        self.n_att = config.n_head - n_lap
         self.causal = config.causal
         self.dropout = config.dropout
         self.head_dim = config.n_embd // config.n_head
         self.qkv_rows = self.qkv_heights()  # the heights of q, k and v in qkv
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        queries = len(self.qkv_rows) == 3  # the uniform graph has no queries or keys
-        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm and queries else nn.Identity()
-        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm and queries else nn.Identity()
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
         self.resid_drop = nn.Dropout(config.dropout)
+
+    def heads(self, x, rope=None, cache=None):
+        """Every head's output before the output projection (B, T, H, D): P V, then V - P V for the trailing n_lap."""
+        q, k, v = self.project(x, rope)  # q (B, H, T, D); k and v (B, K, T, D) of this call's T tokens
+        keys, values = (k, v) if cache is None else extend_cache(cache, k, v)  # (B, K, S, D): S - T cached, then T
+        keys, values = kv_for_kernel(q, keys, values)  # grouped-query attention as SDPA's kernel reads it
+        drop = self.dropout if self.training else 0.0  # drops entries of P: (I - P) 1 = 0 holds on average only
+        causal = self.causal and q.shape[2] > 1  # a new cached token sees every cached one
+        grouped = keys.shape[1] < self.n_head  # fewer key and value heads than query heads
+        # P V for every head in one fused call (FlashAttention on a GPU: P is never built)
+        y = F.scaled_dot_product_attention(q, keys, values, dropout_p=drop, is_causal=causal, enable_gqa=grouped)
+        y = y.transpose(1, 2)  # (B, T, H, D)
+        if self.n_lap:  # V - P V for the trailing n_lap heads, V the values of this call's tokens
+            v = expand_kv(v, self.n_head).transpose(1, 2)  # (B, T, H, D): each query head's values
+            y = torch.cat([y[:, :, :self.n_att], v[:, :, self.n_att:] - y[:, :, self.n_att:]], dim=2)  # (B, T, H, D)
+        return y
+
+    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
+        """(B, T, C) -> (B, T, C). explicit: through the path that materialises P; return_attn: that path, and P."""
+        if explicit or return_attn:
+            y, P = self.explicit_heads(x, rope)  # (B, T, H, D), (B, H, T, T)
+        else:
+            y = self.heads(x, rope, cache)  # (B, T, H, D)
+        y = self.resid_drop(self.proj(y.flatten(2)))  # (B, T, C)
+        return (y, P) if return_attn else y
 
     def qkv_heights(self):
         kv_dim = self.n_kv_head * self.head_dim
         return [self.n_head * self.head_dim, kv_dim, kv_dim]
 
     def project(self, x, rope=None):
-        """Queries (B, H, T, D) and keys (B, K, T, D), normalised and rotated, and values (B, T, K, D)."""
+        """Queries (B, H, T, D), keys and values (B, K, T, D); queries and keys normalised and rotated."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
         q = self.q_norm(q.view(B, T, self.n_head, self.head_dim))  # (B, T, H, D)
@@ -57,75 +82,53 @@ class MixedHeadAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return q.transpose(1, 2), k.transpose(1, 2), v
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def heads(self, x, rope=None, explicit=False, cache=None):
-        """Every head's output before the output projection (B, T, H, D), and P (the explicit path; else None)."""
-        q, k, v = self.project(x, rope)
-        vh = v.transpose(1, 2)  # (B, K, T, D)
-        if cache is not None:
-            k, vh = extend_cache(cache, k, vh)  # (B, K, S, D): the S - T cached positions, then this call's T
-        if explicit:
-            return self.explicit_heads(q, k, vh)
-        if not sdpa_reads_groups(q):  # a kernel without grouped-query attention: every query head its own k and v
-            k, vh = expand_kv(k, self.n_head, dim=1), expand_kv(vh, self.n_head, dim=1)  # (B, H, S, D)
-        # P V for every head in one fused call (FlashAttention on a GPU: P is never built); a new cached token sees all
-        drop = self.dropout if self.training else 0.0  # drops entries of P: in training (I - P) 1 = 0 holds on average only
-        y = F.scaled_dot_product_attention(q, k, vh, dropout_p=drop, is_causal=self.causal and q.shape[2] > 1,
-                                           enable_gqa=k.shape[1] < self.n_head)  # (B, H, T, D)
-        y = y.transpose(1, 2)  # (B, T, H, D)
-        # V - P V for the trailing n_lap heads. Under a KV cache row t is v_t - sum_s P_ts v_s, and v_t is the new
-        # token's own value, computed in this call: a Laplacian head needs nothing cached beyond an attention head
-        if self.n_lap:
-            v = expand_kv(v, self.n_head, dim=2)  # (B, T, H, D): each query head's values
-        if self.n_lap == self.n_head:
-            y = v - y  # (B, T, H, D): V - P V, every head Laplacian
-        elif self.n_lap:
-            A = self.n_head - self.n_lap  # attention heads first, then the Laplacian ones
-            y = torch.cat([y[:, :, :A], v[:, :, A:] - y[:, :, A:]], dim=2)  # (B, T, H, D): P V, then V - P V
-        return y, None
-
-    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
-        """(B, T, C) -> (B, T, C); return_attn: also P (B, H, T, T), through the explicit path."""
-        y, P = self.heads(x, rope, explicit or return_attn, cache)  # (B, T, H, D)
-        y = self.resid_drop(self.proj(y.flatten(2)))  # (B, T, C)
-        return (y, P) if return_attn else y
-
-    def explicit_heads(self, q, k, vh):
-        """(y, P): the same heads with every P materialised (B, H, T, T), for teaching, analysis and the tests."""
-        H = self.n_head
-        k, vh = expand_kv(k, H, dim=1), expand_kv(vh, H, dim=1)  # (B, H, T, D)
+    def explicit_heads(self, x, rope=None):
+        """The same heads (B, T, H, D) with every P (B, H, T, T) materialised, for teaching, analysis and the tests."""
+        q, k, v = self.project(x, rope)  # q (B, H, T, D); k and v (B, K, T, D)
+        k, v = expand_kv(k, self.n_head), expand_kv(v, self.n_head)  # (B, H, T, D): each query head's keys and values
         att = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5  # (B, H, T, T)
         T = att.shape[-1]
         if self.causal:  # no token sees the future
             att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=att.device).triu(1), float("-inf"))
         P = F.dropout(att.softmax(dim=-1), self.dropout, self.training)
-        is_lap = (torch.arange(H, device=P.device) >= H - self.n_lap).view(1, H, 1, 1)
+        is_lap = (torch.arange(self.n_head, device=P.device) >= self.n_att).view(1, self.n_head, 1, 1)
         eye = torch.eye(T, device=P.device, dtype=P.dtype)
-        y = (torch.where(is_lap, eye - P, P) @ vh).transpose(1, 2)  # (B, T, H, D)
-        return y, P
+        y = torch.where(is_lap, eye - P, P) @ v  # (B, H, T, D): (I - P) V for the Laplacian heads, P V for the others
+        return y.transpose(1, 2), P
 
-def expand_kv(t, n_head, dim):
-    """Grouped-query attention: each of t's K key or value heads (along dim) serves n_head / K query heads in a row."""
-    K = t.shape[dim]
-    return t if K == n_head else t.repeat_interleave(n_head // K, dim=dim)
+def expand_kv(t, n_head):
+    """Grouped-query attention: each of t's K key or value heads (B, K, T, D) serves n_head / K query heads in a row."""
+    K = t.shape[1]
+    return t if K == n_head else t.repeat_interleave(n_head // K, dim=1)
 
-def sdpa_reads_groups(q):
-    """Whether SDPA reads grouped keys and values itself: on a CPU and in FlashAttention (16-bit, capability >= 8.0); its
-    other CUDA kernels (a T4, float32) would fall back to the math kernel, memory growing with T^2 (pytorch #139586)."""
-    return not q.is_cuda or q.dtype != torch.float32 and torch.cuda.get_device_capability(q.device) >= (8, 0)
-
-def extend_cache(cache, k, vh):
-    """Generation: one layer's cached keys and values (B, K, t, D) of the earlier positions, then this call's."""
+def extend_cache(cache, k, v):
+    """Generation: one layer's cached keys and values (B, K, t, D), then this call's. A Laplacian head caches no more
+    than an attention head: row t of V - P V is v_t - sum_s P_ts v_s, and v_t is the new token's own value."""
     if cache:
         k = torch.cat([cache["k"], k], dim=2)
-        vh = torch.cat([cache["v"], vh], dim=2)
-    cache.update(k=k, v=vh)
-    return k, vh
+        v = torch.cat([cache["v"], v], dim=2)
+    cache.update(k=k, v=v)
+    return k, v
+
+def kv_for_kernel(q, k, v):
+    """Keys and values as SDPA's kernel reads them. A CPU and FlashAttention (16-bit, capability >= 8.0) read grouped
+    ones (B, K, S, D) themselves; SDPA's other CUDA kernels (a T4, float32) would fall back to the math kernel, memory
+    growing with T^2 (pytorch #139586), so there every query head gets its own copy (B, H, S, D)."""
+    if sdpa_reads_groups(q):
+        return k, v
+    return expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+
+def sdpa_reads_groups(q):
+    return not q.is_cuda or q.dtype != torch.float32 and torch.cuda.get_device_capability(q.device) >= (8, 0)
 
 class UniformGraphAttention(MixedHeadAttention):
     """The mean-mixing baseline (graph='uniform'): every score 0, so P is the plain average over the sequence (causally:
-    over the positions <= t) and P V the (running) mean; no queries or keys."""
+    over the positions <= t) and P V the (running) mean; no queries or keys, so no QK-norm either."""
+
+    def __init__(self, config, n_lap):
+        super().__init__(replace(config, qk_norm=False), n_lap)
 
     def qkv_heights(self):
         return [self.n_kv_head * self.head_dim]  # values only
@@ -134,7 +137,7 @@ class UniformGraphAttention(MixedHeadAttention):
         B, T, C = x.shape
         v = self.qkv(x).view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D): values only
         scores = x.new_zeros(B, self.n_head, T, 1)  # (B, H, T, 1): zero queries and keys, so every score is 0
-        return scores, scores[:, :self.n_kv_head], v
+        return scores, scores[:, :self.n_kv_head], v.transpose(1, 2)
 
 class UniformLaplacianAttention(MixedHeadAttention):
     """The mixed graph control (graph='lap_uniform'): the attention heads keep their softmax graph, the Laplacian heads
@@ -142,20 +145,18 @@ class UniformLaplacianAttention(MixedHeadAttention):
     queries and keys; the Laplacian heads' are zero, so each of their scores is 0 and their P the plain average."""
 
     def qkv_heights(self):
-        n_att = self.n_head - self.n_lap
-        return [n_att * self.head_dim, n_att * self.head_dim, self.n_head * self.head_dim]
+        return [self.n_att * self.head_dim, self.n_att * self.head_dim, self.n_head * self.head_dim]
 
     def project(self, x, rope=None):
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
-        n_att = self.n_head - self.n_lap
         zeros = x.new_zeros(B, T, self.n_lap, self.head_dim)  # the Laplacian heads' queries and keys
-        q = torch.cat([self.q_norm(q.view(B, T, n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
-        k = torch.cat([self.k_norm(k.view(B, T, n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
+        q = torch.cat([self.q_norm(q.view(B, T, self.n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
+        k = torch.cat([self.k_norm(k.view(B, T, self.n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
         v = v.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
         if rope is not None:  # a rotated zero stays zero
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return q.transpose(1, 2), k.transpose(1, 2), v
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 ATTENTION = dict(attention=MixedHeadAttention, uniform=UniformGraphAttention, lap_uniform=UniformLaplacianAttention)
 
@@ -208,9 +209,7 @@ class Block(nn.Module):
         self.drop_path = drop_path_rate
 
     def forward(self, x, rope=None, explicit=False, cache=None):
-        h = self.norm1(x)
-        # a cache only in generation: an attention module that overrides forward without one still fits the block
-        h = self.attn(h, rope, explicit) if cache is None else self.attn(h, rope, explicit, cache=cache)
+        h = self.attn(self.norm1(x), rope, explicit, cache=cache)
         x = x + drop_path(self.ls1(h), self.drop_path, self.training)
         return x + drop_path(self.ls2(self.mlp(self.norm2(x))), self.drop_path, self.training)
 
@@ -255,7 +254,7 @@ class Config:
         for name in ("n_layer", "n_head", "n_embd", "patch_size", "in_chans", "block_size"):
             self._check(name, getattr(self, name) >= 1, "must be at least 1")
         self._check("n_embd", self.n_embd % self.n_head == 0, f"not divisible by n_head={self.n_head}; choose a multiple of n_head")
-        counts = self.lap_schedule()
+        counts = self.n_lap_per_layer()
         self._check("n_lap", all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in counts),
                     "must be a non-negative int or a list of them, one per layer")
         self._check("n_lap", len(counts) == self.n_layer, f"the per-layer list has {len(counts)} entries but n_layer={self.n_layer}")
@@ -278,7 +277,7 @@ class Config:
         if not ok:
             raise ValueError(f"Config.{field}={getattr(self, field)!r}: {why}")
 
-    def lap_schedule(self):
+    def n_lap_per_layer(self):
         """Number of Laplacian heads in each layer."""
         return list(self.n_lap) if isinstance(self.n_lap, (list, tuple)) else [self.n_lap] * self.n_layer
 
@@ -287,7 +286,7 @@ _GPT = dict(model="gpt", causal=True, qk_norm=True, norm="rmsnorm", mlp="relu2",
 _IMAGENET = dict(_VIT, n_layer=12, img_size=224, patch_size=16, in_chans=3)  # ViT-*/16
 PRESETS = {  # the paper's models and small sizes that train on a laptop CPU; any field can be overridden
     "vit-b": dict(_IMAGENET, n_embd=768, n_head=12, num_classes=1000, layerscale=1e-6),  # DeiT-III ViT-B/16
-    "vit-s": dict(_IMAGENET, n_embd=384, n_head=6, num_classes=0, layerscale=1e-6),  # the author fork's DeiT-III small (DINO runs)
+    "vit-s": dict(_IMAGENET, n_embd=384, n_head=6, num_classes=0, layerscale=1e-6),  # DeiT-III ViT-S/16, the paper's DINO backbone
     "vit-small": dict(_VIT, n_layer=6, n_embd=192, n_head=6, img_size=32, patch_size=4, in_chans=3),
     "vit-tiny": dict(_VIT, n_layer=4, n_embd=96, n_head=4, img_size=28, patch_size=4, in_chans=1),
     # the CPU model: 7x7 patches give 17 tokens instead of 50, and d 64 is cheaper per step than 96
@@ -309,8 +308,9 @@ class Trunk(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        dpr = [config.drop_path * i / max(config.n_layer - 1, 1) for i in range(config.n_layer)]
-        self.blocks = nn.ModuleList(Block(config, k, p) for k, p in zip(config.lap_schedule(), dpr))
+        drop_path_rates = [config.drop_path * i / max(config.n_layer - 1, 1) for i in range(config.n_layer)]
+        layers = zip(config.n_lap_per_layer(), drop_path_rates)
+        self.blocks = nn.ModuleList(Block(config, n_lap, drop_path_rate) for n_lap, drop_path_rate in layers)
         self.norm = make_norm(config, config.n_embd)
 
     def run_blocks(self, x, rope=None, explicit=False, all_layers=False, cache=None):
@@ -328,7 +328,7 @@ class Trunk(nn.Module):
         for block in self.blocks[:layer]:
             x = block(x, rope)
         block = self.blocks[layer]
-        return block.attn(block.norm1(x), rope, explicit=True, return_attn=True)[1]
+        return block.attn(block.norm1(x), rope, return_attn=True)[1]
 
     def num_params(self, exclude_embedding=False):
         """Parameter count; exclude_embedding leaves out token tables, lookups rather than matmuls (the GPT's wte)."""
@@ -338,7 +338,8 @@ class Trunk(nn.Module):
     def flops_per_token(self, T):
         """Training FLOPs per token (nanochat): 6N (matmuls) + 12 L d T (attention; a causal half counted too: 9% of gpt-d20's
         total at T 2048); V - P V counts 0; the uniform graph's constant scores: Q K^T forward (width 1), P V and dV."""
-        L, d = self.config.n_layer, self.config.n_embd
+        L = self.config.n_layer
+        d = self.config.n_embd
         if self.config.graph == "uniform":
             return 6 * self.num_params(exclude_embedding=True) + L * T * (4 * d + 2 * self.config.n_head)
         return 6 * self.num_params(exclude_embedding=True) + 12 * L * d * T
@@ -348,11 +349,11 @@ class ViT(Trunk):
     """DeiT-III: patch embedding, CLS token, learned positions, head; crops of other sizes (DINO) interpolate them."""
     def __init__(self, config):
         super().__init__(config)
-        c, self.grid = config, config.img_size // config.patch_size
-        self.patch_embed = nn.Conv2d(c.in_chans, c.n_embd, c.patch_size, c.patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid * self.grid, c.n_embd))
-        self.head = nn.Linear(c.n_embd, c.num_classes) if c.num_classes else nn.Identity()
+        self.grid = config.img_size // config.patch_size
+        self.patch_embed = nn.Conv2d(config.in_chans, config.n_embd, config.patch_size, config.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.n_embd))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid * self.grid, config.n_embd))
+        self.head = nn.Linear(config.n_embd, config.num_classes) if config.num_classes else nn.Identity()
         self.init_weights()
 
     @torch.no_grad()
@@ -374,7 +375,8 @@ class ViT(Trunk):
 
     def embed(self, img):  # img (B, C, H, W) -> tokens (B, 1 + N, d), the CLS token first
         x = self.patch_embed(img)  # (B, d, h, w)
-        pos, (h, w) = self.pos_embed, x.shape[-2:]
+        pos = self.pos_embed
+        h, w = x.shape[-2:]
         if (h, w) != (self.grid, self.grid):
             pos = pos.reshape(1, self.grid, self.grid, -1).permute(0, 3, 1, 2)
             pos = F.interpolate(pos, size=(h, w), mode="bicubic").permute(0, 2, 3, 1).reshape(1, h * w, -1)

@@ -318,7 +318,7 @@ if __name__ == "__main__":
     teacher.load_state_dict(student.state_dict())  # the same start
     teacher.requires_grad_(False).eval()
     center = torch.zeros(1, out_dim, device=run_device)
-    print0(f"backbone: {model_config.n_layer} layers, {model_config.n_head} heads, {model_config.lap_schedule()} "
+    print0(f"backbone: {model_config.n_layer} layers, {model_config.n_head} heads, {model_config.n_lap_per_layer()} "
            f"Laplacian, d={model_config.n_embd}, patch {model_config.patch_size}, {student.backbone.num_params():,} params; "
            f"DINO head with {out_dim} prototypes; {n_train} images, {max_iters} steps; "
            + (f"{local_crops} local crops" if local_crops else "no local crops")

@@ -304,7 +304,7 @@ if __name__ == "__main__":
     print0(f"data: {dataset} (corpus {corpus}, {meta['tokenizer']} tokenizer, vocab {meta['vocab_size']}), "
            f"train {len(train_tokens):,} tokens, val {len(val_tokens):,}" + " (held out of train)" * (holdout > 0))
     print0(f"model: {preset}, {model_config.n_layer} layers, {model_config.n_head} heads, d={model_config.n_embd}, "
-           f"Laplacian heads per layer {model_config.lap_schedule()}, {raw_model.num_params() / 1e6:.2f}M parameters "
+           f"Laplacian heads per layer {model_config.n_lap_per_layer()}, {raw_model.num_params() / 1e6:.2f}M parameters "
            f"({raw_model.num_params(exclude_embedding=True) / 1e6:.2f}M without the embedding)")
     print0(f"batch: {total:,} tokens per step = {batch_size} x {block_size} tokens x {world} process(es) x "
            f"{grad_accum} micro-step(s); {optimizer_name} optimizer; {run_device}, "

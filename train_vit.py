@@ -316,7 +316,7 @@ if __name__ == "__main__":
            f"{world} process{'es' if world > 1 else ''}")
     print0(f"model: {preset} {model_config.n_layer} layers, d {model_config.n_embd}, {model_config.n_head} heads, "
            f"patch {model_config.patch_size} ({tokens} tokens), Laplacian heads per layer "
-           f"{model_config.lap_schedule()}, {raw_model.num_params():,} params")
+           f"{model_config.n_lap_per_layer()}, {raw_model.num_params():,} params")
     print0(f"schedule: global batch {global_batch} = {batch_size} x {grad_accum} accum x {world} process(es), "
            f"{steps_per_epoch} steps/epoch, {epochs} epochs = {max_iters} steps, warmup {warmup_iters}, "
            f"adamw lr {lr:g}" + (f"; resuming at step {step}" if ckpt else ""))

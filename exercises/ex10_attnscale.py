@@ -27,9 +27,9 @@ class AttnScaleAttention(nanolap.MixedHeadAttention):
             raise ValueError("AttnScale's U averages the whole sequence, future tokens too: use it in a ViT")
         self.lam = nn.Parameter(torch.zeros(config.n_head))
 
-    def forward(self, x, rope=None, explicit=False, return_attn=False):
+    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
         """Head h outputs (1 + lambda_h) P V - lambda_h mean(V), then the projection (a ViT: rope is None; explicit,
-        return_attn: unused).
+        return_attn and cache: unused).
 
         Replace this body: it ignores lambda, so every head stays an attention head whatever lambda is and the check
         fails. Compute P V with one F.scaled_dot_product_attention call, as nanolap.py does."""

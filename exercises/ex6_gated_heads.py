@@ -23,8 +23,9 @@ class GatedHeadAttention(nanolap.MixedHeadAttention):
     def gates(self):
         return torch.sigmoid(self.gate_logit)  # (H,)
 
-    def forward(self, x, rope=None, explicit=False, return_attn=False):
-        """Head h outputs (1 - g_h) P V + g_h (V - P V), then the projection (explicit, return_attn: unused).
+    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
+        """Head h outputs (1 - g_h) P V + g_h (V - P V), then the projection (explicit, return_attn and
+        cache: unused; a GPT of these heads generates with use_cache=False).
 
         Replace this body: it ignores the gates and makes every head an attention head, so the gates never learn
         and the check fails."""

@@ -283,7 +283,7 @@ def test_ex10_check_wants_one_fused_call(capsys, monkeypatch, one_thread):
             super().__init__(config)
             self.config = config
 
-        def forward(self, x, rope=None, explicit=False, return_attn=False):
+        def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
             return check.attnscale_by_matrix(self, self.config, x)
     by_matrix = type(sys)("by_matrix")
     by_matrix.__file__ = solution.__file__

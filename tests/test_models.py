@@ -1,6 +1,6 @@
 """The models around the idea (nanolap.py): the presets at the paper's sizes, each model's own init_weights, clear
 errors for bad configs, the ViT's features and attention maps at other image sizes, the GPT's causal generation,
-the DINO head, bf16 autocast and torch.compile."""
+the DINO head, bf16 autocast and a compiled model's checkpoint."""
 
 import math
 import re
@@ -247,14 +247,13 @@ def test_bf16_autocast_runs_on_cpu():
 
 
 @pytest.mark.slow
-def test_compiled_equals_eager_and_checkpoint_round_trip(tmp_path):
+def test_a_compiled_models_checkpoint_loads_into_an_eager_one(tmp_path):
+    """A compiled model's state dict carries `_orig_mod.`; load_model strips it. (Compiled against eager outputs:
+    tests/test_compiled.py.)"""
     torch.manual_seed(0)
     model = randomise(build_model(make_config("gpt-tiny", n_lap=[0, 4, 2, 1], vocab_size=30)), std=0.1).eval()
     compiled = torch.compile(model, fullgraph=True)
     idx = torch.randint(0, 30, (2, 24))
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(idx), model(idx), atol=1e-4, rtol=1e-4)
-    # a compiled model's state dict carries `_orig_mod.`; load_model strips it
     path = str(tmp_path / "ckpt.pt")
     common.save_checkpoint({"model": compiled.state_dict(), "model_config": asdict(model.config)}, path)
     assert any(k.startswith("_orig_mod.") for k in torch.load(path, weights_only=True)["model"])

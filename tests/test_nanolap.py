@@ -6,6 +6,8 @@ parameters and no FLOPs; a GPT's zero output projections make every block a no-o
 (every P the sequence mean, the mean-mixing baseline) has a fused path equal to its explicit one and no queries or
 keys. The models around the idea are tested in test_models.py, the run plumbing in test_plumbing.py."""
 
+import os
+import re
 import types
 
 import pytest
@@ -14,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import nanolap
-from conftest import float32_matmuls, randomise
+from conftest import ROOT, float32_matmuls, randomise
 from nanolap import MixedHeadAttention, build_model, make_config
 
 
@@ -108,6 +110,16 @@ def test_fused_equals_reference_with_rope(n_kv_head):
     expected = reference_attention(attn, x, rope)
     torch.testing.assert_close(attn(x, rope), expected, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(attn(x, rope, explicit=True), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_the_readme_quotes_the_fused_path_as_nanolap_writes_it():
+    """README.md's code under "The idea in one line of code" is nanolap.py's own: every quoted line, indentation aside,
+    is a line of nanolap.py, the SDPA call and V - P V among them."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    quoted = re.search(r"## The idea in one line of code\n.*?```python\n(.*?)```", readme, re.S).group(1).splitlines()
+    code = {line.strip() for line in open(nanolap.__file__)}
+    assert [line for line in quoted if line.strip() not in code] == []
+    assert "F.scaled_dot_product_attention(" in quoted[0] and "v[:, :, self.n_att:] - y[:, :, self.n_att:]" in quoted[1]
 
 
 def test_causal_first_position_is_zero_and_future_never_leaks():
@@ -236,7 +248,7 @@ def test_uniform_graph_fused_equals_explicit_and_mixes_by_the_mean(causal, n_lap
     count = torch.arange(1, 10).view(1, 9, 1, 1)
     mean = v.cumsum(1) / count if causal else v.mean(1, keepdim=True).expand_as(v)  # written out: P V
     expected = torch.cat([mean[:, :, :cfg.n_head - n_lap], (v - mean)[:, :, cfg.n_head - n_lap:]], dim=2)
-    torch.testing.assert_close(attn.heads(x)[0], expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(attn.heads(x), expected, atol=1e-5, rtol=1e-4)
     y, P = attn(x, return_attn=True)
     torch.testing.assert_close(attn(x), y, atol=1e-5, rtol=1e-4)  # fused == explicit
     rows = torch.ones(9, 9).tril() if causal else torch.ones(9, 9)
@@ -282,8 +294,8 @@ def test_lap_uniform_keeps_the_attention_heads_and_mixes_the_laplacian_heads_by_
     if causal:
         model = build_model(cfg)
         rope = (model.cos[:, :9], model.sin[:, :9])
-    y = attn.heads(x, rope)[0]  # (B, T, H, D)
-    torch.testing.assert_close(y[:, :, :H - n_lap], full.heads(x, rope)[0][:, :, :H - n_lap], atol=1e-5, rtol=1e-4)
+    y = attn.heads(x, rope)  # (B, T, H, D)
+    torch.testing.assert_close(y[:, :, :H - n_lap], full.heads(x, rope)[:, :, :H - n_lap], atol=1e-5, rtol=1e-4)
     v = (x @ attn.qkv.weight[2 * A:].T + (attn.qkv.bias[2 * A:] if attn.qkv.bias is not None else 0)).view(2, 9, H, -1)
     count = torch.arange(1, 10).view(1, 9, 1, 1)
     mean = v.cumsum(1) / count if causal else v.mean(1, keepdim=True).expand_as(v)
@@ -361,45 +373,14 @@ def test_cached_generation_past_block_size_refills_the_last_half_window(graph):
         model(idx, cache=cache)
 
 
-def todays_heads(attn, x, rope=None, explicit=False, cache=None):
-    """MixedHeadAttention.heads' fused path as it was before grouped-query attention: one (3 x n_embd) qkv viewed as
-    q, k, v of n_head heads each, and V - P V pasted to the attention heads' slice (empty when every head is Laplacian)."""
-    B, T, C = x.shape
-    H, D = attn.n_head, attn.head_dim
-    A = H - attn.n_lap
-    q, k, v = attn.qkv(x).view(B, T, 3, H, D).unbind(2)  # each (B, T, H, D)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    if rope is not None:
-        q, k = nanolap.apply_rope(q, *rope), nanolap.apply_rope(k, *rope)
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=attn.causal)
-    y = y.transpose(1, 2)  # (B, T, H, D)
-    if attn.n_lap:
-        y = torch.cat([y[:, :, :A], v[:, :, A:] - y[:, :, A:]], dim=2)
-    return y, None
-
-
-@pytest.mark.parametrize("n_lap", [0, 2, 4, [4, 0, 2, 1]])
-def test_n_kv_head_equal_to_n_head_is_todays_model_bit_for_bit(n_lap, monkeypatch):
-    """n_kv_head = n_head (or None, the default) builds today's model: the same parameter names, shapes and initial
-    values at a seed, the same count as before grouped-query attention (pinned), and logits and gradients equal to the
-    last bit to those of the fused path as it was (todays_heads)."""
+def test_n_kv_head_equal_to_n_head_is_the_default_model():
+    """n_kv_head = n_head builds what n_kv_head None builds: the same parameter names, shapes and initial values."""
     models = []
     for n_kv_head in (None, 4):
         torch.manual_seed(0)
-        models.append(build_model(make_config("gpt-tiny", n_lap=n_lap, n_kv_head=n_kv_head, vocab_size=65)))
-    (a, b) = [m.state_dict() for m in models]
-    assert list(a) == list(b) and all(torch.equal(a[key], b[key]) for key in a)
-    assert a["blocks.0.attn.qkv.weight"].shape == (3 * 128, 128) and models[0].num_params() == 803072
-    model = randomise(models[1], std=0.2)
-    idx = torch.randint(0, 65, (2, 40), generator=torch.Generator().manual_seed(0))
-    runs = []
-    for heads in (nanolap.MixedHeadAttention.heads, todays_heads):
-        monkeypatch.setattr(nanolap.MixedHeadAttention, "heads", heads)
-        model.zero_grad()
-        logits, loss = model(idx, idx)
-        loss.backward()
-        runs.append([logits] + [p.grad for p in model.parameters()])
-    assert all(torch.equal(new, old) for new, old in zip(*runs))
+        models.append(build_model(make_config("gpt-tiny", n_lap=2, n_kv_head=n_kv_head, vocab_size=65)))
+    default, grouped = [m.state_dict() for m in models]
+    assert list(default) == list(grouped) and all(torch.equal(default[key], grouped[key]) for key in default)
 
 
 @pytest.mark.parametrize("preset", ["gpt-tiny", "gpt-d20", "vit-b"])

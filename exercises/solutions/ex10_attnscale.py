@@ -25,9 +25,9 @@ class AttnScaleAttention(nanolap.MixedHeadAttention):
             raise ValueError("AttnScale's U averages the whole sequence, future tokens too: use it in a ViT")
         self.lam = nn.Parameter(torch.zeros(config.n_head))
 
-    def forward(self, x, rope=None, explicit=False, return_attn=False):
+    def forward(self, x, rope=None, explicit=False, return_attn=False, cache=None):
         """Head h outputs (1 + lambda_h) P V - lambda_h mean(V), then the projection (a ViT: rope is None; explicit,
-        return_attn: unused)."""
+        return_attn and cache: unused)."""
         B, T, C = x.shape
         H, D = self.n_head, self.head_dim
         q, k, v = self.qkv(x).view(B, T, 3, H, D).unbind(2)  # each (B, T, H, D)
