@@ -270,7 +270,7 @@ def test_uniform_attention_heads_leave_within_sequence_variance_unchanged():
 
 class ScaledHeads(MixedHeadAttention):
     """An attention module with a forward of its own, as the exercises write theirs: head h outputs (h + 1) P V."""
-    def forward(self, x, rope=None, explicit=False):
+    def forward(self, x, rope=None, explicit=False, cache=None):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
         y = F.scaled_dot_product_attention(q, k, v)  # (B, H, T, D)
