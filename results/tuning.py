@@ -55,9 +55,9 @@ def choose(factors, recipe):
     extension and is then made again over the six factors, once."""
     better = RECIPES[recipe][1]
     means = {f: mean_metric(factors.get(f, {}), recipe) for f in GRID}
-    missing = [f for f, m in means.items() if m is None]
+    missing = sum(s not in factors.get(f, {}) for f in GRID for s in SEEDS[recipe])
     if missing:
-        return None, f"waiting for factors {', '.join(missing)}"
+        return None, f"{missing} of {len(GRID) * len(SEEDS[recipe])} trials to go"
     best = pick(means, better)
     if best not in EXTENSION:
         return best, "inside the grid"

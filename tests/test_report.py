@@ -292,7 +292,7 @@ def test_the_learning_rate_choice_follows_the_plans_rule(tmp_path):
         return tuning.choices(str(root))["six_gpt", "0"]
     grid = {"0.5": [2.30, 2.31], "0.71": [2.28, 2.29], "1": [2.27, 2.28], "1.41": [2.26, 2.27], "2": [2.29, 2.30]}
     assert chosen(grid) == ("1.41", "inside the grid")
-    assert chosen(dict(grid, **{"2": [2.29]}))[0] is None  # seed 101 of factor 2 missing
+    assert chosen(dict(grid, **{"2": [2.29]})) == (None, "1 of 10 trials to go")  # seed 101 of factor 2 missing
     assert chosen(dict(grid, **{"1.41": [2.27, 2.28]})) == ("1", "inside the grid")  # tie with 1
     assert chosen(dict(grid, **{"1": [2.26, 2.27], "1.41": [None, 2.0]})) == ("1", "inside the grid")
     edge = dict(grid, **{"2": [2.20, 2.21]})
