@@ -906,7 +906,8 @@ def dino_pass(teacher_cfg, config, device):
     nets = {}
     for name, cfg in (("student", student_cfg), ("teacher", teacher_cfg)):
         backbone = build_model(cfg).to(device)
-        backbone = torch.compile(backbone, dynamic=False) if config.get("compile_model", False) else backbone  # as train_dino.py
+        if config.get("compile_model", False):  # as train_dino.py compiles it: a static graph per crop size
+            backbone = torch.compile(backbone, dynamic=False)
         nets[name] = (backbone, DINOHead(*head_sizes, norm_last_layer=config["norm_last_layer"]).to(device))
     (student, student_head), (teacher, teacher_head) = nets["student"], nets["teacher"]
     teacher.eval()
