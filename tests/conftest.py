@@ -80,6 +80,24 @@ def result(text):
     return found
 
 
+def spoil_weights_at(monkeypatch, call):
+    """optim.optimizer_step as float16 answers it (a gradient norm of 0), whose `call`-th call writes an inf into the
+    first weight after its step (the loss of that step was finite). Returns the list of calls made."""
+    import optim
+    optimizer_step = optim.optimizer_step
+    calls = []
+
+    def spoiling_step(optimizers, scaler, params, grad_clip):
+        norm = optimizer_step(optimizers, scaler, params, grad_clip)
+        calls.append(1)
+        if len(calls) == call:
+            with torch.no_grad():
+                optimizers[0].param_groups[0]["params"][0].view(-1)[0] = float("inf")
+        return torch.zeros_like(norm)  # float16's answer
+    monkeypatch.setattr(optim, "optimizer_step", spoiling_step)
+    return calls
+
+
 def randomise(model, std=0.2, seed=0, gain=0.0):
     """A model whose every weight has a value, N(0, std^2): GPTs start with zero output projections (every block a
     no-op). gain: the mean of the norms' weights (1 keeps the tokens' scale through them)."""

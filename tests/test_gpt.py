@@ -27,7 +27,7 @@ import configurator  # noqa: E402
 import optim  # noqa: E402
 import train_gpt  # noqa: E402
 from common import UsageError, load_checkpoint, save_checkpoint  # noqa: E402
-from conftest import SHORT_GROUP_TIMEOUT, result, run_here, torchrun_with  # noqa: E402
+from conftest import SHORT_GROUP_TIMEOUT, result, run_here, spoil_weights_at, torchrun_with  # noqa: E402
 from data import text  # noqa: E402
 from nanolap import Config, build_model, make_config  # noqa: E402
 
@@ -427,18 +427,7 @@ def test_non_finite_weights_are_never_saved(data_dir, tmp_path, monkeypatch):
     """Under float16 a step's gradient norm is the scaler's 0, so a weight that the last step before a checkpoint made
     non-finite (its loss was still finite) shows only in the weights: the optimizer step of step 1 writes an inf here,
     and the checkpoint of step 2, the run's first, is not written."""
-    optimizer_step = optim.optimizer_step
-    calls = []
-
-    def spoiling_step(optimizers, scaler, params, grad_clip):
-        norm = optimizer_step(optimizers, scaler, params, grad_clip)
-        calls.append(1)
-        if len(calls) == 2:
-            with torch.no_grad():
-                optimizers[0].param_groups[0]["params"][0].view(-1)[0] = math.inf
-        return torch.zeros_like(norm)  # float16's answer
-
-    monkeypatch.setattr(optim, "optimizer_step", spoiling_step)
+    calls = spoil_weights_at(monkeypatch, 2)
     with pytest.raises(FloatingPointError, match="non-finite weights after step 1: stopped before they are saved"):
         train(TINY + [f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=4", "--eval_interval=2",
                       "--log_interval=100", "--max_new_tokens=0", f"--out_dir={tmp_path}"])

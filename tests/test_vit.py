@@ -16,10 +16,9 @@ import torch.nn.functional as F
 import common
 import configurator
 import nanolap
-import optim
 import train_vit
 from common import load_checkpoint, load_model
-from conftest import ENV, ROOT, result, run, run_here
+from conftest import ENV, ROOT, result, run, run_here, spoil_weights_at
 import data
 from data import augment, folders, images
 
@@ -456,18 +455,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
     """Under float16 a step's gradient norm is the scaler's 0, so a weight that the last step before a checkpoint made
     non-finite (its loss was still finite) shows only in the weights: the optimizer step of step 3 writes an inf here,
     and the checkpoint at the end of the first epoch (step 4) is not written."""
-    optimizer_step = optim.optimizer_step
-    calls = []
-
-    def spoiling_step(optimizers, scaler, params, grad_clip):
-        norm = optimizer_step(optimizers, scaler, params, grad_clip)
-        calls.append(1)
-        if len(calls) == 4:
-            with torch.no_grad():
-                optimizers[0].param_groups[0]["params"][0].view(-1)[0] = float("inf")
-        return torch.zeros_like(norm)  # float16's answer
-
-    monkeypatch.setattr(optim, "optimizer_step", spoiling_step)
+    calls = spoil_weights_at(monkeypatch, 4)
     with pytest.raises(FloatingPointError, match="non-finite weights after step 3: stopped before they are saved"):
         run_here(SCRIPT, "--dataset=synthetic", "--train_subset=64", "--val_subset=64", "--batch_size=16", "--epochs=2",
                  "--log_interval=100", "--cpu_procs=1", f"--out_dir={tmp_path}")
