@@ -327,7 +327,7 @@ def per_matrix_muon_step(groups, state):
                 block.add_(optim.orthogonalize(update, group["ns_steps"]), alpha=-group["lr"] * scale)
 
 
-@pytest.mark.parametrize("n_embd, n_kv_head", [(128, None), (384, 2)])
+@pytest.mark.parametrize("n_embd, n_kv_head", [(128, None), pytest.param(384, 2, marks=pytest.mark.slow)])  # 384: 13 s
 def test_stacked_muon_equals_the_per_matrix_muon_over_20_steps(n_embd, n_kv_head):
     """Muon orthogonalises a group's matrices of one shape as one stack (one Newton-Schulz call); over 20 steps of the
     GPT's own groups (qkv in blocks, with grouped-query attention at d 384; tall and wide MLP matrices; weight decay),
