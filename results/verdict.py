@@ -197,6 +197,11 @@ def family_rows(pairs):
         row = verdict_row(metric, runs_a, runs_b) if runs_a and runs_b else None
         if row:
             rows.append(dict(row, claim=claim, set=name, against=against))
+    return decide_family(rows)
+
+def decide_family(rows):
+    """A family's rows decided together: Holm's correction over them, the smallest difference each detects with 80%
+    power at the family's size, and the rule's words from the corrected p."""
     for row, corrected in zip(rows, stats.holm([row["p"] for row in rows])):
         row["holm"] = corrected
         row["detectable"] = stats.detectable_difference(row["se"], row["df"], len(rows))
@@ -240,10 +245,7 @@ def verdict_rows(collected):
                 row = verdict_row(metric, *[runs for _, runs in by_n_lap(collected[chosen[regime]])])
                 if row:
                     exploratory.append(dict(row, claim=claim, set=chosen[regime], against=AGAINST_N_LAP_0))
-    for row, corrected in zip(primary, stats.holm([row["p"] for row in primary])):
-        row["holm"] = corrected
-        row["detectable"] = stats.detectable_difference(row["se"], row["df"], len(primary))
-        row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], corrected, row["better"], row["margin"])
+    decide_family(primary)
     for row in exploratory:
         row["words"] = stats.verdict_words(row["diff"], row["low"], row["high"], row["p"], row["better"], row["margin"],
                                            primary=False)
