@@ -16,7 +16,6 @@ Neural Collapse (vit; gpt over next-token classes), PCA feature maps (dino), and
 Comparing analysed runs against n_lap, and the sweep's report, are results/report.py's (it needs no checkpoint).
 """
 
-import json
 import os
 import sys
 import time
@@ -45,6 +44,7 @@ pca_images = 32  # ViT, GPT: images (text windows) whose tokens are drawn in the
 map_images = 8  # DINO: images shown next to their PCA feature maps
 device = "auto"  # auto = cuda, else cpu (the float64 statistics do not run on MPS); or cpu, cuda, cuda:N
 seed = 0  # which random subset of the validation split is analysed (the same subset for every run)
+references = figures.RESULTS  # curves.png: committed runs <set>/<run>/ of the run's recipe drawn behind it; "" = none
 
 # ---------------------------------------------------------------- constants
 ETF_TOKENS = 8  # ViT: tokens per image in the ETF token panel, at the same random positions in every image
@@ -247,18 +247,45 @@ def etf_panel(W3, x, y, classes):
     panel = {"class_means_2d": means.tolist(), "vertex_dist": (xy / radius - at).norm(dim=1).mean().item()}
     return xy, panel, vertices * radius
 
-def final_metric(run_dir, kind):  # the last value of the run's headline metric in log.jsonl
+def final_metric(run_dir, kind):  # the run's headline metric at the last step that logs it (None: NaN there)
     key = geometry.FINAL_METRIC[kind][0]
-    path = os.path.join(run_dir, common.LOG)
-    found = {"value": None, "step": None}
-    for line in open(path) if os.path.isfile(path) else []:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by an interrupted run
-        if isinstance(rec, dict) and isinstance(rec.get(key), (int, float)):
-            found = {"value": float(rec[key]), "step": rec.get("step")}
-    return {"name": key, **found}
+    found = [r for r in figures.read_log(run_dir) if key in r]
+    value = found[-1][key] if found else None
+    return {"name": key, "value": float(value) if figures.is_number(value) else None,
+            "step": found[-1]["step"] if found else None}
+
+def run_curves(run_dir, kind, cfg, n_lap, title, out_dir, references):
+    """curves.png: the run's log.jsonl against steps in front of the committed runs of its recipe in `references`
+    (figures.reference_runs), of the set with the most seeds at its n_lap: their band at its n_lap, else the set's
+    bands at each of its n_lap; and one line: whether the run's end metric lies inside the range of those seeds.
+    (None, None) without a log (a loose checkpoint)."""
+    log = figures.read_log(run_dir)
+    if not log:
+        return None, None
+    sets = figures.reference_runs(kind, cfg, log, references) if references else {}
+    path = os.path.join(out_dir, "curves.png")
+    if not sets:
+        alone = f"the run alone: no run in {references or '(no --references)'} trained its recipe"
+        return figures.fig_curves(kind, ("this run", log), [], f"{title}\n{alone}", path), f"curves.png: {alone}"
+    name = max(sets, key=lambda s: (len(sets[s].get(n_lap, [])), sum(map(len, sets[s].values()))))
+    groups = {n_lap: sets[name][n_lap]} if n_lap in sets[name] else sets[name]
+    bands = [(f"{name}, n_lap={k}: {len(logs)} seeds", f"C{i}", logs) for i, (k, logs) in enumerate(groups.items())]
+    figure = figures.fig_curves(kind, ("this run", log), bands, f"{title} in front of the committed runs of its recipe:\n"
+                                + ", ".join(label for label, _, _ in bands), path)
+    if n_lap not in groups:
+        return figure, f"curves.png: {name} holds this recipe at n_lap {', '.join(groups)}, not {n_lap}: no range to compare"
+    key = figures.CURVE_METRIC[kind]
+    band = figures.curve_band(groups[n_lap], key)
+    ends = [r for r in log if figures.is_number(r.get(key)) and r["step"] in band["steps"]]
+    if not ends:
+        return figure, f"curves.png: no {key} of this run at a step that {name}'s seeds logged"
+    end = ends[-1]
+    i = band["steps"].index(end["step"])
+    low = band["min"][i]
+    high = band["max"][i]
+    where = "inside" if low <= end[key] <= high else "below" if end[key] < low else "above"
+    return figure, (f"curves.png: {key} {end[key]:.4f} at step {end['step']} lies {where} the range of {name}'s "
+                    f"{len(groups[n_lap])} seeds at n_lap={n_lap}, {low:.4f} to {high:.4f} (mean {band['mean'][i]:.4f})")
 
 def lap_label(n_lap):  # (x position, label): the count, or for a per-layer list its mean and the list
     n = n_lap if isinstance(n_lap, int) else n_lap[0] if len(set(n_lap)) == 1 else None
@@ -426,11 +453,15 @@ def analyze_run(path, ckpt, out_dir, config, device):
             figs.append(figures.fig_etf([("pooled features, final norm", xy, y[chosen], triangle)], names, etf, title,
                                         "an image's pooled features (no classifier)", "the three classes' means",
                                         out_dir))
+    curves, curves_line = run_curves(run_dir, kind, cfg, label, title, out_dir, config["references"])
+    figs += [curves] if curves else []
     res["figures"] = figs
     res["out_dir"] = out_dir
     figures.write_outputs(res, run_summary(res), out_dir)
     print(f"{name}: {len(x)} sequences, {time.time() - t0:.1f}s; wrote {out_dir}: analysis.json, summary.md, "
           f"{', '.join(figs)}", flush=True)
+    if curves_line:
+        print(curves_line, flush=True)
     return res
 
 def is_run_path(arg):  # a positional argument naming a run: a folder, a .pt file, or a missing path (a mistyped run)

@@ -1,9 +1,11 @@
 """
 The figures of the token geometry, and the files beside them: what analyze.py draws and writes for one run, and
 results/report.py and results/verdict.py for runs compared. Every figure is a PNG with labelled axes and one line
-saying what to look for (LOOK_FOR).
+saying what to look for (LOOK_FOR). The training curves read log.jsonl (read_log) and draw a run in front of the
+committed runs of its recipe (same_recipe, the rule by which the report compares runs).
 """
 
+import glob
 import json
 import math
 import os
@@ -43,6 +45,8 @@ LOOK_FOR = {  # the one line each figure carries: what to look for, and which wa
            "evenly)\n= three tight clusters at the triangle's vertices",
     "pca": "look for: one colour per cluster = tokens grouped by class",
     "pca_maps": "look for: one object in one colour; the paper predicts cleaner object segments with more Laplacian heads",
+    "curves": "shaded: min-max over the seeds, thin line: their mean; look for: the run (black) inside the band of its "
+              "recipe, and where the bands of different n_lap part",
     "heads": "first order throughout: a block's $\\rho_h$ add up to its attention bar (exact changes: summary.md)\n"
              "look for: a diffusion step smooths (blue, negative); the paper's reading predicts blue Laplacian heads",
 }
@@ -214,3 +218,118 @@ def write_outputs(obj, summary, out_dir):  # analysis.json (strict JSON) and sum
 
 def fmt(v, spec=".3f"):  # a number for a table, n/a for None
     return "n/a" if v is None else format(v, spec)
+
+# ---------------------------------------------------------------- training curves: a run beside the committed runs of its recipe
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # the committed runs: <set>/<run>/
+# settings that do not change what a run learns (paths, logging, hardware), ignored when comparing runs
+OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
+               "log_interval", "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from",
+               "cpu_procs", "cpu_threads"}
+# how the processes split one global batch (batch_size is per process): runs of one recipe may set these differently
+BATCH_SPLIT = ("batch_size", "grad_accum", "total_batch_size")
+# the curves against the step: the losses, then each kind's headline validation metric (results/report.py's)
+CURVE_LOSSES = ("train_loss", "val_loss")
+CURVE_METRIC = {"vit": "val_acc", "gpt": "val_bpb", "dino": "knn_acc"}
+
+def is_number(value):  # a finite int or float of a log record (None: JSON's null, or a NaN that read_log turned to None)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+def read_log(run_dir):
+    """The records of run_dir/log.jsonl in the order of their steps, read as every version of the scripts wrote them:
+    NaN and Infinity (DINO's step 0 before the logs became strict JSON) read as None, as null does, a line cut short by
+    an interrupted run is skipped, DINO's older `loss` is `train_loss`, and a step logged twice (DINO's final probes) is
+    one record, whose numbers win over None. [] without a log."""
+    path = os.path.join(run_dir, common.LOG)
+    by_step = {}
+    for line in open(path) if os.path.isfile(path) else []:
+        try:
+            record = json.loads(line, parse_constant=lambda token: None)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            if "loss" in record and "train_loss" not in record:
+                record["train_loss"] = record.pop("loss")
+            merged = by_step.setdefault(record["step"], {})
+            merged.update({k: v for k, v in record.items() if v is not None or k not in merged})
+    return [by_step[step] for step in sorted(by_step)]
+
+def differing_settings(configs, ignored=()):
+    """Training settings, other than n_lap, seed and `ignored`, that all the compared runs record but set differently."""
+    keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"} - set(ignored)
+    return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
+
+def data_per_step(log):
+    """What one optimizer step consumes, read off a log: tokens (GPT) or epochs (ViT, DINO) per step, at the last record
+    that says (the most digits); None before one does. Runs of one recipe agree on it when their global batches agree."""
+    for record in reversed(log):
+        for key in ("tokens", "epoch"):
+            if record["step"] > 0 and is_number(record.get(key)) and record[key] > 0:
+                return record[key] / record["step"]
+    return None
+
+def same_recipe(config, log, other_config, other_log):
+    """Whether two runs (options and log.jsonl records) trained one recipe: the same options apart from n_lap, seed,
+    the operational ones and how processes split the global batch, by the report's rule (differing_settings: an
+    option, or a GPT's corpus, that one run does not record compares with any), and the same global batch
+    (data_per_step; unknown before a step is logged)."""
+    settings = []
+    for c, records in ((config, log), (other_config, other_log)):
+        corpus = [r["corpus"] for r in records if r.get("corpus", "unknown") != "unknown"]
+        settings.append(dict(c, **({"corpus": corpus[-1]} if corpus else {})))
+    if differing_settings(settings, BATCH_SPLIT):
+        return False
+    mine = data_per_step(log)
+    theirs = data_per_step(other_log)
+    return mine is None or theirs is None or math.isclose(mine, theirs, rel_tol=1e-3)
+
+def reference_runs(kind, config, log, root=RESULTS):
+    """{set: {n_lap label: [log]}} of the committed runs root/<set>/<run>/ (their options: analysis.json's
+    train_config) of this kind that trained the recipe of the run with these options and log (same_recipe)."""
+    sets = {}
+    for path in sorted(glob.glob(os.path.join(glob.escape(root), "*", "*", common.ANALYSIS))) if config else []:
+        with open(path) as f:
+            analysis = json.load(f)
+        run_dir = os.path.dirname(path)
+        other_log = read_log(run_dir)
+        if analysis.get("kind") == kind and same_recipe(config, log, analysis.get("train_config", {}), other_log):
+            runs = sets.setdefault(os.path.basename(os.path.dirname(run_dir)), {})
+            runs.setdefault(analysis["n_lap_label"], []).append(other_log)
+    return sets
+
+def curve_band(logs, key):
+    """{steps, mean, min, max} of `key` over the logs (seeds), at the steps where every log holds a number for it."""
+    values = [{r["step"]: r[key] for r in log if is_number(r.get(key))} for log in logs]
+    steps = sorted(set.intersection(*(set(v) for v in values))) if values else []
+    seeds = [[v[step] for v in values] for step in steps]
+    return {"steps": steps, "mean": [sum(s) / len(s) for s in seeds], "min": [min(s) for s in seeds],
+            "max": [max(s) for s in seeds]}
+
+def fig_curves(kind, run, bands, title, path):
+    """curves.png: against the optimizer step, the training and validation losses, the validation metric CURVE_METRIC
+    and (thin, narrow) the learning rate. run: (label, log), drawn in black, or None; bands: [(label, colour, logs)],
+    each curve's mean over the logs (thin) and min-max band (shaded) behind the run."""
+    fig, axes = pyplot().subplots(1, 3, figsize=(12.5, 4.0), gridspec_kw=dict(width_ratios=[3, 3, 2]))
+    metric = CURVE_METRIC[kind]
+    for ax, keys in zip(axes, (CURVE_LOSSES, (metric,))):
+        for key, style in zip(keys, ("-", "--")):
+            for label, colour, logs in bands:
+                band = curve_band(logs, key)
+                ax.fill_between(band["steps"], band["min"], band["max"], color=colour, alpha=0.25, lw=0)
+                ax.plot(band["steps"], band["mean"], style, color=colour, lw=1, label=f"{key}, {label}")
+            points = [(r["step"], r[key]) for r in (run[1] if run else []) if is_number(r.get(key))]
+            if points:
+                ax.plot(*zip(*points), style, color="k", lw=1.5, marker="o", ms=2.5, label=f"{key}, {run[0]}")
+        ax.set(xlabel="optimizer step", ylabel="loss" if keys == CURVE_LOSSES else metric)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    lr_log = run[1] if run else bands[0][2][0] if bands else []  # one seed's: the schedule is the recipe's
+    points = [(r["step"], r["lr"]) for r in lr_log if is_number(r.get("lr"))]
+    if points:
+        axes[2].plot(*zip(*points), color="0.4", lw=0.8)
+    else:
+        axes[2].text(0.5, 0.5, "no lr in log.jsonl", ha="center", va="center", transform=axes[2].transAxes)
+    axes[2].set(xlabel="optimizer step", ylabel="learning rate (at each logged step)")
+    fig.suptitle(f"{title}\n{LOOK_FOR['curves']}", fontsize=9)
+    return save_figure(fig, path)

@@ -42,10 +42,6 @@ MACHINES = "machines.json"
 # the end metrics of a run's result.txt; the first is the headline figure's
 END_METRICS = {"vit": ("val_acc", "val_loss"), "gpt": ("val_bpb", "val_loss"),
                "dino": ("knn_acc", "linear_acc", "seg_miou")}
-# settings that do not change what a run learns (paths, logging, hardware), ignored when comparing runs
-OPERATIONAL = {"out_dir", "data_dir", "resume", "device", "dtype", "compile", "compile_model", "num_workers",
-               "log_interval", "eval_interval", "ckpt_interval", "stop_at_step", "max_steps", "eval_only", "sample_from",
-               "cpu_procs", "cpu_threads"}
 
 # ---------------------------------------------------------------- summaries over runs: curves, seeds, settings, corpora
 
@@ -56,11 +52,6 @@ def _mean_curve(curves):  # the mean of several runs' curves, cut to the shortes
 def seeds_note(counts):  # what a comparison's error bars stand for: the runs (seeds) behind each of its points
     n = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
     return "1 seed per point, no spread" if max(counts) == 1 else f"mean +- std over {n} seeds per point"
-
-def differing_settings(configs):
-    """Training settings, other than n_lap and seed, that all the compared runs record but set differently."""
-    keys = set.intersection(*(set(c) for c in configs)) - OPERATIONAL - {"n_lap", "seed"}
-    return sorted(k for k in keys if len({repr(c[k]) for c in configs}) > 1)
 
 def one_corpus(results, name):
     """Refuse runs of different corpora: a GPT's RESULT line names its corpus (corpus=gutenberg-1a2b3c4d); a run without
@@ -117,7 +108,8 @@ def fig_headline(sets, path):
     fig, axes = figures.pyplot().subplots(2, len(kinds), figsize=(4.8 * len(kinds), 7.4), squeeze=False)
     for kind, col in zip(kinds, axes.T):
         same = [c for c in sets.values() if c["kind"] == kind]
-        same = [c for c in same if set(differing_settings([same[0]["config"], c["config"]])) <= {"epochs"}]  # one recipe
+        same = [c for c in same  # one recipe
+                if set(figures.differing_settings([same[0]["config"], c["config"]])) <= {"epochs"}]
         by_length = {}
         for c in same:
             by_length.setdefault(c["label"], c)  # the first set of each length
@@ -182,7 +174,7 @@ def compare(results, out_dir, prefix, name):
     if with_heads:
         figs.append(fig_head_means(with_heads, color, f"{name}: per-head change of within-sequence variance{bars}",
                                    path + "heads.png"))
-    differ = differing_settings([r["train_config"] for r in results])
+    differ = figures.differing_settings([r["train_config"] for r in results])
     if differ:
         print(f"note: the {name} runs also differ in {', '.join(differ)}; the comparison groups them by n_lap only")
     return {"name": name, "kind": kind, "where": where, "metric": metric, "groups": table, "differing_settings": differ,

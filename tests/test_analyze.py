@@ -259,7 +259,7 @@ def report_metrics(tmp_path, res, result):
     return report.collect_runs(str(tmp_path / "results"))[res["kind"]][0]["metrics"]
 
 
-VIT_FIGURES = ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca.png", "etf.png"]
+VIT_FIGURES = ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca.png", "etf.png", "curves.png"]
 
 
 def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
@@ -287,6 +287,7 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
     out = capsys.readouterr().out
     r = result(out)
     assert r["kind"] == "vit" and r["n_lap"] == "2" and "30 sequences" in out
+    assert out.split("\n")[-3].startswith("curves.png: "), out  # under the progress lines, before the RESULT line
     assert r["within_seq_frac"] == f"{res['anova']['within_seq_frac']:.4f}" and r["nc1"] == f"{res['nc']['pooled']['nc1']:.4g}"
     assert r["k_0.99"] == f"{res['spectrum']['k_0.99']:.2f}" and r["out"] == os.path.join(run, "analysis")
     assert open(os.path.join(run, "analysis", "result.txt")).read().startswith("RESULT kind=vit n_lap=2 ")
@@ -317,6 +318,84 @@ def test_end_to_end_vit(tmp_path, fashion_dir, capsys, figure_texts):
                  "within_seq (classifier complement)": res["anova_views"]["classifier_complement"]["within_seq_frac"],
                  "rho of laplacian heads (mean)": sum(geometry.head_means(res["heads"])["laplacian"]) / 2,
                  "rho of attention heads (mean)": sum(geometry.head_means(res["heads"])["attention"]) / 2}
+
+
+# a run of the CPU default ViT recipe, as results/six_vit_default holds it, on 2 processes of 128 images (not 1 of 256)
+DEFAULT_RECIPE = os.path.join(ROOT, "results", "six_vit_default", "k4-s0")
+
+
+def curves_run(path, end_acc, **changed):
+    """A run folder of the committed recipe's options (changed: some of them) and its log.jsonl: the committed seed's
+    records with the last val_acc set to end_acc."""
+    os.makedirs(path)
+    config = json.load(open(os.path.join(DEFAULT_RECIPE, "analysis.json")))["train_config"]
+    config = dict(config, seed=100, out_dir=str(path), batch_size=128, cpu_procs=2, **changed)
+    log = figures.read_log(DEFAULT_RECIPE)
+    log[-1]["val_acc"] = end_acc
+    with open(os.path.join(path, "log.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in log)
+    return str(path), config
+
+
+def test_curves_draw_the_run_in_front_of_the_committed_seeds_of_its_recipe(tmp_path, figure_texts):
+    """The run of the committed recipe finds its set (the one with the most seeds at its n_lap) and says where its
+    end metric lies in their range; with one option changed it is drawn alone; at an n_lap the set lacks, the set's
+    bands are drawn without a range."""
+    ends = [json.loads(open(os.path.join(ROOT, "results", "six_vit_default", f"k4-s{s}", "log.jsonl")).readlines()[-1])
+            ["val_acc"] for s in range(6)]
+    for end_acc, where in ((min(ends), "inside"), (0.5, "below")):
+        run, config = curves_run(tmp_path / where, end_acc)
+        figure, line = analyze.run_curves(run, "vit", config, "4", "r (vit, n_lap=4)", run, figures.RESULTS)
+        assert figure == "curves.png" and os.path.getsize(os.path.join(run, figure)) > 1000
+        assert line == (f"curves.png: val_acc {end_acc:.4f} at step 4212 lies {where} the range of six_vit_default's 6 "
+                        f"seeds at n_lap=4, {min(ends):.4f} to {max(ends):.4f} (mean {sum(ends) / 6:.4f})")
+    texts = figure_texts["curves.png"]
+    assert "r (vit, n_lap=4) in front of the committed runs of its recipe:\nsix_vit_default, n_lap=4: 6 seeds" in texts["suptitle"]
+    assert "val_acc, six_vit_default, n_lap=4: 6 seeds" in texts["legend"] and "val_acc, this run" in texts["legend"]
+    assert all(x and y for x, y in texts["labels"]) and "look for: " in texts["suptitle"]
+    run, config = curves_run(tmp_path / "lr", 0.9, lr=0.001)  # another recipe
+    assert analyze.run_curves(run, "vit", config, "4", "r", run, figures.RESULTS)[1].startswith("curves.png: the run alone: ")
+    run, config = curves_run(tmp_path / "k2", 0.9)
+    line = analyze.run_curves(run, "vit", config, "2", "r", run, figures.RESULTS)[1]
+    assert line == "curves.png: six_vit_default holds this recipe at n_lap 0, 4, not 2: no range to compare"
+    assert figure_texts["curves.png"]["suptitle"].startswith("r in front of the committed runs of its recipe:\n"
+                                                             "six_vit_default, n_lap=0: 6 seeds, six_vit_default, n_lap=4")
+
+
+def test_same_recipe_is_the_same_options_and_global_batch():
+    """Seed, paths and how processes split the global batch may differ; options, the global batch read off the log
+    and a GPT's corpus may not; what one run does not record compares with any."""
+    config = dict(lr=1e-3, seed=0, out_dir="a", batch_size=256, cpu_procs=1, grad_accum=1)
+    log = [{"step": 0, "epoch": 0}, {"step": 234, "epoch": 1}]
+    split = dict(config, seed=1, out_dir="b", batch_size=64, cpu_procs=2, grad_accum=2)
+    assert figures.same_recipe(config, log, split, log)
+    assert not figures.same_recipe(config, log, dict(config, lr=2e-3), log)
+    assert not figures.same_recipe(config, log, split, [{"step": 117, "epoch": 1}])  # a global batch of 512
+    assert figures.same_recipe(config, log, dict(config, new_option=1), log[:1])  # unknown: compares with any
+    gpt = [{"step": 250, "tokens": 512000, "corpus": "gutenberg-233f3954"}]
+    assert figures.same_recipe(config, gpt, config, [{"step": 250, "tokens": 512000}])
+    assert not figures.same_recipe(config, gpt, config, [dict(gpt[0], corpus="tinyshakespeare-5f6e7d8c")])
+
+
+def test_curves_of_a_log_with_nan_and_a_line_cut_short(tmp_path, capsys, figure_texts):
+    """DINO's step 0 as the committed logs hold it (NaN loss, not strict JSON), today's null, an Infinity and a last
+    line cut short: the log reads, the run is drawn alone (no references), and the curves have no hole but step 0's."""
+    lines = ['{"step": 0, "epoch": 0.0, "knn_acc": 0.64, "loss": NaN, "teacher_std": NaN, "seconds": 9.1}',
+             '{"step": 500, "epoch": 0.53, "knn_acc": 0.69, "loss": 5.3, "teacher_std": Infinity, "seconds": 162.1}',
+             '{"step": 1000, "epoch": 1.07, "knn_acc": 0.70, "train_loss": null, "lr": 0.001}',
+             '{"step": 1000, "knn_acc": 0.71, "linear_acc": 0.75, "seg_miou": 0.1}',
+             '{"step": 1406, "epoch": 1.5, "knn_acc": 0.7']
+    (tmp_path / "log.jsonl").write_text("\n".join(lines))
+    log = figures.read_log(str(tmp_path))
+    assert [r["step"] for r in log] == [0, 500, 1000] and log[0]["train_loss"] is None and log[1]["train_loss"] == 5.3
+    assert log[2] == {"step": 1000, "epoch": 1.07, "knn_acc": 0.71, "train_loss": None, "lr": 0.001, "linear_acc": 0.75,
+                      "seg_miou": 0.1}
+    assert log[1]["teacher_std"] is None and figures.data_per_step(log) == pytest.approx(1.07 / 1000)
+    assert analyze.final_metric(str(tmp_path), "dino") == {"name": "knn_acc", "value": 0.71, "step": 1000}
+    figure, line = analyze.run_curves(str(tmp_path), "dino", {"lr": 0.001}, "4", "d", str(tmp_path), "")
+    assert figure == "curves.png" and line == "curves.png: the run alone: no run in (no --references) trained its recipe"
+    assert "knn_acc, this run" in figure_texts["curves.png"]["legend"]
+    assert analyze.run_curves(str(tmp_path / "none"), "dino", {}, "4", "d", str(tmp_path), "") == (None, None)
 
 
 @pytest.mark.slow
@@ -388,7 +467,8 @@ def test_end_to_end_gpt(tmp_path, capsys, figure_texts):
     run = make_run(tmp_path / "gpt", "gpt", n_lap=[0, 4], dataset="tiny", data_dir=data_dir, block_size=32,
                    model="gpt-tiny")  # an older option name in the saved config is ignored
     run_analyze(run, "--max_samples=40", "--batch_size=16", "--n_targets=8", "--pca_images=6", f"--out={tmp_path / 'o'}")
-    res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png", "heads.png", "pca.png", "etf.png"])
+    res = check_outputs(tmp_path / "o", ["spectrum.png", "collapse.png", "anova.png", "heads.png", "pca.png", "etf.png",
+                                         "curves.png"])
     s = res["settings"]
     assert s["n_samples"] == 40 and s["seq_len"] == 32 and s["n_targets"] == 8 and s["pca_windows"] == 6
     # the PCA scatter and the ETF panel against the model run directly: windows, their next tokens, final-norm tokens
@@ -454,7 +534,7 @@ def test_end_to_end_dino(tmp_path, fashion_dir, capsys):
     run = make_run(tmp_path / "dino", "dino", n_lap=4, dataset="fashion_mnist", data_dir=fashion_dir)
     run_analyze(run, "--max_samples=30", "--map_images=6", f"--out={tmp_path / 'o'}")
     res = check_outputs(tmp_path / "o", ["collapse.png", "anova.png", "spectrum.png", "heads.png", "pca_maps.png",
-                                         "etf.png"])
+                                         "etf.png", "curves.png"])
     assert res["settings"]["map_images"] == 6 and res["settings"]["n_samples"] == 30
     assert res["etf"]["classes"] == [0, 1, 2] and res["etf"]["pooled"]["vertex_dist"] > 0  # no classifier: class means
     means = torch.tensor(res["etf"]["pooled"]["class_means_2d"], dtype=torch.float64)  # as analysis.json holds them
@@ -494,7 +574,7 @@ def test_end_to_end_image_folders(tmp_path, capsys):
     assert res["nc"]["pooled"]["n_classes"] == 3
     run_analyze(dino, "--max_samples=100")
     res = check_outputs(os.path.join(dino, "analysis"), ["collapse.png", "anova.png", "spectrum.png", "heads.png",
-                                                         "pca_maps.png", "etf.png"])
+                                                         "pca_maps.png", "etf.png", "curves.png"])
     assert res["settings"]["n_samples"] == 9  # train_dino.py's eval_val images, all of them
     assert result(capsys.readouterr().out)["kind"] == "dino"
 

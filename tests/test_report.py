@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import figures
 import geometry
 import report
 import stats
@@ -638,7 +639,7 @@ def test_comparison_over_runs(tmp_path, fashion_dir, capsys, figure_texts):
     assert figure_texts["compare_vit_metric.png"]["titles"][0] == "vit: val_acc vs n_lap\n(1 seed per point, no spread)"
     # settings that differ besides n_lap and seed are reported; paths, seeds and keys not all runs record are not
     configs = [dict(lr=1e-3, seed=0, out_dir="a", epochs=5), dict(lr=2e-3, seed=1, out_dir="b", epochs=5, extra=1)]
-    assert report.differing_settings(configs) == ["lr"]
+    assert figures.differing_settings(configs) == ["lr"]
 
 
 def fake_run(root, kind, n_lap, seed, result, frac, epochs=6, rho=None, set_name=None):
