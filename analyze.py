@@ -13,7 +13,9 @@ Each run directory (ckpt.pt and log.jsonl of a training script) is measured on i
 analysis.json, summary.md, PNG figures and a RESULT line: ANOVA of token variance and token cosine after every
 block, the within-sequence spectrum and the simplex-ETF projection (all kinds), the token PCA scatter and
 Neural Collapse (vit; gpt over next-token classes), PCA feature maps (dino), and what every head does to the tokens.
-Comparing analysed runs against n_lap, and the sweep's report, are results/report.py's (it needs no checkpoint).
+Is the run normal? curves.png draws its log.jsonl in front of the committed seeds of its recipe (results/<set>/), and
+one line says whether its end metric lies inside their range. Comparing analysed runs against n_lap, and the sweep's
+report, are results/report.py's (it needs no checkpoint).
 """
 
 import os

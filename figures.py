@@ -308,18 +308,27 @@ def curve_band(logs, key):
 def fig_curves(kind, run, bands, title, path):
     """curves.png: against the optimizer step, the training and validation losses, the validation metric CURVE_METRIC
     and (thin, narrow) the learning rate. run: (label, log), drawn in black, or None; bands: [(label, colour, logs)],
-    each curve's mean over the logs (thin) and min-max band (shaded) behind the run."""
+    each curve's mean over the logs (thin) and min-max band (shaded) behind the run. The y-axes fit the steps after 0:
+    an untrained model's step 0 would flatten the rest (its points leave the top or the bottom)."""
     fig, axes = pyplot().subplots(1, 3, figsize=(12.5, 4.0), gridspec_kw=dict(width_ratios=[3, 3, 2]))
     metric = CURVE_METRIC[kind]
     for ax, keys in zip(axes, (CURVE_LOSSES, (metric,))):
+        shown = []  # the values after step 0, which set the y-axis
         for key, style in zip(keys, ("-", "--")):
             for label, colour, logs in bands:
                 band = curve_band(logs, key)
-                ax.fill_between(band["steps"], band["min"], band["max"], color=colour, alpha=0.25, lw=0)
-                ax.plot(band["steps"], band["mean"], style, color=colour, lw=1, label=f"{key}, {label}")
+                if band["steps"]:
+                    ax.fill_between(band["steps"], band["min"], band["max"], color=colour, alpha=0.25, lw=0)
+                    ax.plot(band["steps"], band["mean"], style, color=colour, lw=1, label=f"{key}, {label}")
+                    after_0 = [i for i, step in enumerate(band["steps"]) if step > 0]
+                    shown += [band["min"][i] for i in after_0] + [band["max"][i] for i in after_0]
             points = [(r["step"], r[key]) for r in (run[1] if run else []) if is_number(r.get(key))]
             if points:
                 ax.plot(*zip(*points), style, color="k", lw=1.5, marker="o", ms=2.5, label=f"{key}, {run[0]}")
+                shown += [value for step, value in points if step > 0]
+        if shown:
+            margin = 0.05 * (max(shown) - min(shown)) or 0.05 * abs(max(shown)) or 0.05
+            ax.set_ylim(min(shown) - margin, max(shown) + margin)
         ax.set(xlabel="optimizer step", ylabel="loss" if keys == CURVE_LOSSES else metric)
         ax.grid(alpha=0.3)
         if ax.lines:
