@@ -8,7 +8,8 @@ leave (analysis.json and result.txt): no checkpoint, model or data is read, so t
 A comparison groups its runs by n_lap (seeds pooled): every metric as mean +- std over seeds, the effect of the
 largest n_lap against n_lap = 0 with its standard error and whether the seeds separate, Spearman's trend over every
 n_lap value, the per-head means, and figures against n_lap. The sweep's report does this for each set
-(results/<set>/), writes summary.md, and draws the README's headline figure. It opens summary.md with the verdict
+(results/<set>/), draws its training curves (the band over seeds of n_lap 0 against 4; analyze.py draws a run in front
+of its set's), writes summary.md, and draws the README's headline figure. It opens summary.md with the verdict
 on every claim of the paper (results/verdict.py), whose figures go to results/figures/verdict/. The statistics
 themselves (means, effects, p-values, intervals, Holm's correction, the rule's words) are results/stats.py's.
 """
@@ -75,6 +76,19 @@ def fig_errorbars(xs, ticks, series, ylabel, title, path, ax=None):  # series: [
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return path and figures.save_figure(fig, path)
+
+def fig_set_curves(name, runs, dest):
+    """figures/<set>/curves.png: the set's training curves (figures.fig_curves, as analyze.py draws a run in front of
+    them), the mean and min-max band over seeds of its fewest and of its most Laplacian heads (n_lap 0 against 4)."""
+    groups = {}
+    for r in sorted(runs, key=lambda r: r["n_lap_mean"]):
+        groups.setdefault(r["n_lap_label"], []).append(figures.read_log(r["run"]))
+    order = list(groups)
+    ends = order if len(order) < 3 else [order[0], order[-1]]  # a ladder's ends: n_lap 0 against 4
+    bands = [(f"n_lap={k}: {len(groups[k])} seeds", f"C{i}", groups[k]) for i, k in enumerate(ends)]
+    path = os.path.join("figures", name, "curves.png")
+    figures.fig_curves(runs[0]["kind"], None, bands, f"{name}: training curves over seeds", os.path.join(dest, path))
+    return path
 
 def fig_head_means(table, color, title, path):
     """compare()'s per-head figure: per block, the mean rho of the Laplacian heads (solid) and of the attention heads
@@ -401,6 +415,7 @@ def write_report(root, dest, command):
     ladders = {name: c for name, c in sets.items() if not name.startswith(("six_", "uniform_", "tuned_", "lap2"))}
     headline = fig_headline(ladders, os.path.join(dest, "figures", "headline.png"))
     written = [f for c in sets.values() for f in c["figures"]] + verdict_figs
+    written += [fig_set_curves(name, runs, dest) for name, runs in collected.items()]
     written += [common.SUMMARY, os.path.join("figures", headline)]
     print("\n".join(f"wrote {os.path.join(dest, f)}" for f in written))
     common.write_result(dest, sets=",".join(sets), runs=sum(map(len, collected.values())), out=os.path.relpath(dest))

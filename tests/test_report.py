@@ -706,7 +706,8 @@ def test_report_from_saved_artefacts(tmp_path):
     figures = [f"figures/{s}/{f}.png" for s in ("dino", "gpt", "vit", "vit_deep", "vit_long")
                for f in ("metric", "anova", "kalpha", "spectra", "collapse")]
     figures += ["figures/vit_deep/heads.png", "figures/headline.png"]
-    for f in figures + ["summary.md"]:
+    curves = [f"figures/{s}/curves.png" for s in ("dino", "gpt", "vit", "vit_deep", "vit_long")]  # beside, not in summary.md
+    for f in figures + curves + ["summary.md"]:
         assert f"wrote {root / f}" in p.stdout.splitlines() and os.path.getsize(root / f) > 500, f
     md = (root / "summary.md").read_text()
 
