@@ -266,13 +266,15 @@ def run_curves(run_dir, kind, cfg, n_lap, title, out_dir, references):
         return None, None
     sets = figures.reference_runs(kind, cfg, log, references) if references else {}
     path = os.path.join(out_dir, "curves.png")
+    machine = log[-1].get("machine")  # floats differ by machine
+    run = (f"this run, {machine}" if machine else "this run", log)
     if not sets:
         alone = f"the run alone: no run in {references or '(no --references)'} trained its recipe"
-        return figures.fig_curves(kind, ("this run", log), [], f"{title}\n{alone}", path), f"curves.png: {alone}"
+        return figures.fig_curves(kind, run, [], f"{title}\n{alone}", path), f"curves.png: {alone}"
     name = max(sets, key=lambda s: (len(sets[s].get(n_lap, [])), sum(map(len, sets[s].values()))))
     groups = {n_lap: sets[name][n_lap]} if n_lap in sets[name] else sets[name]
     bands = [(f"{name}, n_lap={k}: {len(logs)} seeds", f"C{i}", logs) for i, (k, logs) in enumerate(groups.items())]
-    figure = figures.fig_curves(kind, ("this run", log), bands, f"{title} in front of the committed runs of its recipe:\n"
+    figure = figures.fig_curves(kind, run, bands, f"{title} in front of the committed runs of its recipe:\n"
                                 + ", ".join(label for label, _, _ in bands), path)
     if n_lap not in groups:
         return figure, f"curves.png: {name} holds this recipe at n_lap {', '.join(groups)}, not {n_lap}: no range to compare"
