@@ -176,7 +176,7 @@ def test_help_lists_the_options_only(capsys):
     text = capsys.readouterr().out
     options = [line.split("=")[0].strip() for line in text.splitlines() if line.startswith("  --")]
     assert options == ["--" + k for k in ("out", "max_samples", "batch_size", "layer", "tokens", "seq_len", "n_targets",
-                                          "etf_classes", "pca_images", "map_images", "device", "seed")]
+                                          "etf_classes", "pca_images", "map_images", "device", "seed", "references")]
     assert "Neural Collapse" in text and "# output folder" in text  # the docstring and the option comments
 
 
