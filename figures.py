@@ -286,8 +286,10 @@ def same_recipe(config, log, other_config, other_log):
 def reference_runs(kind, config, log, root=RESULTS):
     """{set: {n_lap label: [log]}} of the committed runs root/<set>/<run>/ (their options: analysis.json's
     train_config) of this kind that trained the recipe of the run with these options and log (same_recipe)."""
+    if not config:  # a checkpoint without its options: nothing to compare
+        return {}
     sets = {}
-    for path in sorted(glob.glob(os.path.join(glob.escape(root), "*", "*", common.ANALYSIS))) if config else []:
+    for path in sorted(glob.glob(os.path.join(glob.escape(root), "*", "*", common.ANALYSIS))):
         with open(path) as f:
             analysis = json.load(f)
         run_dir = os.path.dirname(path)
