@@ -77,8 +77,8 @@ class MixedHeadAttention(nn.Module):
         """Queries (B, H, T, D), keys and values (B, K, T, D); queries and keys normalised and rotated."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
-        q = self.q_norm(q.view(B, T, self.n_head, self.head_dim))  # (B, T, H, D)
-        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim))  # (B, T, K, D)
+        q = self.q_norm(q.view(B, T, -1, self.head_dim))  # (B, T, H, D)
+        k = self.k_norm(k.view(B, T, -1, self.head_dim))  # (B, T, K, D)
         v = v.view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -148,15 +148,9 @@ class UniformLaplacianAttention(MixedHeadAttention):
         return [self.n_att * self.head_dim, self.n_att * self.head_dim, self.n_head * self.head_dim]
 
     def project(self, x, rope=None):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
-        zeros = x.new_zeros(B, T, self.n_lap, self.head_dim)  # the Laplacian heads' queries and keys
-        q = torch.cat([self.q_norm(q.view(B, T, self.n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
-        k = torch.cat([self.k_norm(k.view(B, T, self.n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
-        v = v.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
-        if rope is not None:  # a rotated zero stays zero
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = super().project(x, rope)  # q and k (B, n_att, T, D), v (B, H, T, D)
+        zeros = q.new_zeros(q.shape[0], self.n_lap, q.shape[2], self.head_dim)  # the Laplacian heads' queries and keys
+        return torch.cat([q, zeros], dim=1), torch.cat([k, zeros], dim=1), v  # (B, H, T, D) each
 
 ATTENTION = dict(attention=MixedHeadAttention, uniform=UniformGraphAttention, lap_uniform=UniformLaplacianAttention)
 
