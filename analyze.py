@@ -314,7 +314,7 @@ def heads_lines(heads):  # summary.md: per block, the mean rho of each kind of h
 
 def checked_checkpoints(paths, config):
     """[(ckpt.pt path, what the analysis needs of it)] for the run directories or checkpoints given, each checked
-    against the options before any work (the optimiser state is dropped at once). Raises UsageError."""
+    against the options before any work (the optimizer state is dropped at once). Raises UsageError."""
     missing = [p for p in paths if not os.path.exists(p)]
     if missing or not paths:
         raise UsageError(f"{missing[0]}: no such run directory, checkpoint or config file" if missing else "give one or "
