@@ -286,7 +286,7 @@ def read_comparison(out, kind):
     if not found:
         print(f"FAIL: no analyses in {path}; train the two runs and analyse them first (exercises/README.md)")
         return None
-    runs = [r for r in map(json.load, map(open, found)) if r.get("kind") == kind]
+    runs = [analysis for analysis in map(json.load, map(open, found)) if analysis.get("kind") == kind]
     if len(runs) < 2:
         print(f"FAIL: {path} holds {len(runs)} analysed {kind} run(s); analyse both runs in one analyze.py command")
         return None
@@ -301,13 +301,14 @@ def check_5(ex, out):
         return False
     layers = runs[0]["layerwise"]["layer"]
     print(f"{'run':24s} {'n_lap':10s} {'val_acc':>8s} {'k_0.99':>7s}   within-seq share after block", *layers)
-    for r in runs:
-        share = " ".join(f"{v:.3f}" for v in r["layerwise"]["within_seq_frac"])
-        print(f"{r['run'][-24:]:24s} {str(r['n_lap']).replace(' ', ''):10s} {r['final_metric']['value']:8.4f} "
-              f"{r['spectrum']['k_0.99']:7.2f}   {share}")
+    for analysis in runs:
+        share = " ".join(f"{v:.3f}" for v in analysis["layerwise"]["within_seq_frac"])
+        n_lap = str(analysis["n_lap"]).replace(" ", "")
+        print(f"{analysis['run'][-24:]:24s} {n_lap:10s} {analysis['final_metric']['value']:8.4f} "
+              f"{analysis['spectrum']['k_0.99']:7.2f}   {share}")
     print("mean pairwise cosine of the tokens in an image, after block " + " ".join(layers))
-    for r in runs:
-        print(f"{r['run'][-24:]:24s} " + " ".join(f"{v:.3f}" for v in r["layerwise"]["cosine"]))
+    for analysis in runs:
+        print(f"{analysis['run'][-24:]:24s} " + " ".join(f"{v:.3f}" for v in analysis["layerwise"]["cosine"]))
     return True
 
 # ---- exercise 6: a learnable head type -------------------------------------------------------------------------
@@ -372,18 +373,18 @@ def train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, s
     heads = [p for n, p in model.named_parameters() if n.endswith(HEAD_PARAMETERS)]
     rest = [p for n, p in model.named_parameters() if not n.endswith(HEAD_PARAMETERS)]
     groups = [dict(params=rest, lr=lr, weight_decay=0.05), dict(params=heads, lr=head_lr, weight_decay=0.0)]
-    opt = torch.optim.AdamW(groups) if steps else None  # --steps=0 evaluates the initial model
+    optimizer = torch.optim.AdamW(groups) if steps else None  # --steps=0 evaluates the initial model
     g = torch.Generator().manual_seed(seed)
     t0 = time.time()
     model.train()
     for step in range(1, steps + 1):
-        for group, peak in zip(opt.param_groups, (lr, head_lr)):  # cosine decay to 0
+        for group, peak in zip(optimizer.param_groups, (lr, head_lr)):  # cosine decay to 0
             group["lr"] = peak * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
         i = torch.randint(0, len(y), (batch_size,), generator=g)
         loss = F.cross_entropy(model(normalised(x[i], model, data)), y[i])
-        opt.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        optimizer.step()
         if step % 100 == 0 or step == steps:
             print(f"  step {step}/{steps} | loss {loss.item():.4f} | {time.time() - t0:.0f}s")
     model.eval()
@@ -417,9 +418,10 @@ def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_im
                              val_images, seed)
     if heads == "gated":
         print("  learned gates g (0 = attention head, 1 = Laplacian head):")
-        for l, block in enumerate(model.blocks):
-            g = block.attn.gates().detach()
-            print(f"    layer {l + 1}: " + " ".join(f"{v:.3f}" for v in g.tolist()) + f"   mean {g.mean():.3f}")
+        for number, block in enumerate(model.blocks, start=1):
+            gates = block.attn.gates().detach()
+            shown = " ".join(f"{v:.3f}" for v in gates.tolist())
+            print(f"    layer {number}: {shown}   mean {gates.mean():.3f}")
     return True
 
 # ---- exercise 7: the spectrum by hand ----------------------------------------------------------------------------
@@ -430,13 +432,13 @@ def trained_tokens(run, max_samples, seed):
     ckpt = common.load_checkpoint(os.path.join(run, "ckpt.pt"))
     model = common.load_model(ckpt).eval()
     x, _, _, mean, std = images.eval_images(ckpt, max_samples, seed)
-    hs = []
+    tokens = []
     with torch.no_grad():
         for i in range(0, len(x), 64):
-            hs.append(model.forward_features(normalised(x[i:i + 64], model, dict(mean=mean, std=std)))[:, 1:])
+            tokens.append(model.forward_features(normalised(x[i:i + 64], model, dict(mean=mean, std=std)))[:, 1:])
     path = os.path.join(run, "analysis", "analysis.json")
     stored = json.load(open(path))["spectrum"] if os.path.isfile(path) else None
-    return torch.cat(hs), stored
+    return torch.cat(tokens), stored
 
 
 def check_7(ex, run, max_samples, seed):
@@ -470,20 +472,20 @@ def check_8(ex, out, sample_chars, seed):
         return False
     print(f"{'run':24s} {'n_lap':6s} {'val_loss':>8s} {'val_bpb':>8s} {'within':>7s} {'between':>8s} {'NC1':>7s} "
           f"{'k_0.99':>7s}   (ANOVA over next-token classes, final norm)")
-    for r in runs:
-        log = [json.loads(l) for l in open(os.path.join(r["run"], "log.jsonl")) if l.strip()]
-        a = r["anova"]
-        print(f"{r['run'][-24:]:24s} {str(r['n_lap']):6s} {log[-1]['val_loss']:8.4f} {log[-1]['val_bpb']:8.4f} "
-              f"{a['within_class_frac']:7.3f} {a['between_class_frac']:8.3f} {r['nc']['nc1']:7.3g} "
-              f"{r['spectrum']['k_0.99']:7.2f}")
-    for r in runs:
-        ckpt = common.load_checkpoint(os.path.join(r["run"], "ckpt.pt"))
+    for analysis in runs:
+        log = [json.loads(line) for line in open(os.path.join(analysis["run"], "log.jsonl")) if line.strip()]
+        anova = analysis["anova"]
+        print(f"{analysis['run'][-24:]:24s} {str(analysis['n_lap']):6s} {log[-1]['val_loss']:8.4f} "
+              f"{log[-1]['val_bpb']:8.4f} {anova['within_class_frac']:7.3f} {anova['between_class_frac']:8.3f} "
+              f"{analysis['nc']['nc1']:7.3g} {analysis['spectrum']['k_0.99']:7.2f}")
+    for analysis in runs:
+        ckpt = common.load_checkpoint(os.path.join(analysis["run"], "ckpt.pt"))
         model = common.load_model(ckpt).eval()
         tok = text.get_tokenizer(ckpt["meta"])
         idx = torch.tensor([tok.encode("\n")])
         g = torch.Generator().manual_seed(seed)
         sample = tok.decode(model.generate(idx, sample_chars, temperature=0.8, top_k=200, generator=g)[0].tolist())
-        print(f"---- a sample of {r['run']} (n_lap={r['n_lap']}, temperature 0.8) ----\n{sample}")
+        print(f"---- a sample of {analysis['run']} (n_lap={analysis['n_lap']}, temperature 0.8) ----\n{sample}")
     return True
 
 # ---- exercise 9: the KV cache of a Laplacian head ------------------------------------------------------------------
@@ -608,9 +610,10 @@ def check_10(ex, steps, batch_size, lr, lam_lr, heads, dataset, data_dir, val_im
     rho = head_rho(model, normalised(xv, model, data))
     print(f"  rho_h of every head on {len(xv)} validation images, the first-order change of the within-image "
           f"variance of the patch tokens (negative: the head smooths them):")
-    for l, (block, r) in enumerate(zip(model.blocks, rho)):
+    for number, (block, block_rho) in enumerate(zip(model.blocks, rho), start=1):
         lam = block.attn.lam.tolist() if heads == "attnscale" else []
-        print(f"    block {l + 1}: rho " + " ".join(f"{v:+.3f}" for v in r.tolist()) + f"   mean {r.mean():+.3f}"
+        rhos = " ".join(f"{v:+.3f}" for v in block_rho.tolist())
+        print(f"    block {number}: rho {rhos}   mean {block_rho.mean():+.3f}"
               + ("   lambda " + " ".join(f"{v:+.2f}" for v in lam) if lam else ""))
     return True
 
