@@ -396,8 +396,9 @@ def train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, s
 
 
 def train_variant(variant, build, heads, steps, batch_size, lr, head_lr, dataset, data_dir, val_images, seed):
-    """A mean-pooling vit-cpu trained on dataset (train_image_model) with heads=variant the exercise's heads, built by
-    build(cfg), else all attention or all Laplacian heads; prints its accuracy and returns the model and the data."""
+    """Train a mean-pooling vit-cpu on dataset (train_image_model) and print its validation accuracy; heads: `variant`
+    (the exercise's heads: build(cfg) makes the model), 'attention' or 'laplacian' (nanolap's, every head of that
+    type). Returns the model and the data."""
     if heads not in (variant, "attention", "laplacian"):
         raise common.UsageError(f"--heads={heads!r}: choose {variant}, attention or laplacian")
     torch.manual_seed(seed)
