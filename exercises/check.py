@@ -331,9 +331,9 @@ def check_gates(ex, seed):
                 err = (gated(x, rope) - plain(x, rope)).abs().max().item()
             ok &= expect(err < 1e-5, f"{preset}: all gates {g:.0f} equals MixedHeadAttention with n_lap={n_lap}: "
                                      f"max error {err:.1e}")
-    # any gates, in the causal GPT module: head h's gate moves the output along a straight line, from nanolap's module
-    # with head h an attention head to the one with head h a Laplacian head. nanolap makes the trailing k heads
-    # Laplacian: going from k to k + 1 switches head H - 1 - k alone
+    # any gates, in the loop's last module (the causal GPT's): head h's gate moves the output along a straight line,
+    # from nanolap's module with head h an attention head to the one with head h a Laplacian head. nanolap makes the
+    # trailing k heads Laplacian: going from k to k + 1 switches head H - 1 - k alone
     outputs = []
     for n_lap in range(H + 1):
         plain = MixedHeadAttention(cfg, n_lap).eval()
