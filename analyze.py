@@ -70,8 +70,8 @@ class AnovaViews:
         self.bases = {}
         if model.config.num_classes:
             W = model.head.weight.detach().double()  # (C, d)
-            _, s, Vh = torch.linalg.svd(W, full_matrices=True)
-            rank = int((s > s.max() * 1e-8).sum())
+            _, singular_values, Vh = torch.linalg.svd(W, full_matrices=True)
+            rank = int((singular_values > singular_values.max() * 1e-8).sum())
             self.bases = {"classifier_rows": Vh[:rank].T, "classifier_complement": Vh[rank:].T}  # (d, r), (d, d - r)
             self.stats.update({name: geometry.AnovaStats(num_classes) for name in self.bases})
     def update(self, x, y):
@@ -183,12 +183,12 @@ def gpt_pass(model, x, targets, layer, n_targets, n_keep, batch_size, device):
     V = model.config.vocab_size
     counts = torch.bincount(targets.reshape(-1), minlength=V)
     top = counts.argsort(descending=True)[:min(n_targets, int(counts.count_nonzero()))]  # targets that occur
-    cls_of = torch.full((max(V, int(targets.max()) + 1),), -1, dtype=torch.long)
-    cls_of[top] = torch.arange(len(top))
+    class_of_target = torch.full((max(V, int(targets.max()) + 1),), -1, dtype=torch.long)
+    class_of_target[top] = torch.arange(len(top))
     layer_anova = [geometry.AnovaStats(1) for _ in range(L + 1)]
     cos_sum = [0.0] * (L + 1)
     spec = geometry.SpectrumStats()
-    cls = geometry.ClassStats(len(top))
+    class_stats = geometry.ClassStats(len(top))
     head_stats = [(geometry.VarChange(), geometry.VarChange()) for _ in range(L)]
     keep = dict(kept=[], kept_targets=[], etf=[], etf_targets=[])
     for batch in batches(len(x), batch_size):
@@ -196,17 +196,17 @@ def gpt_pass(model, x, targets, layer, n_targets, n_keep, batch_size, device):
         hs = geometry.update_heads(model, tokens, rope, head_stats, geometry.all_tokens)  # L + 1 tensors (B, T, d)
         update_layers(hs, torch.zeros(len(x[batch]), dtype=torch.long), layer_anova, cos_sum, spec, layer)  # one class
         h = pick_layer(hs, layer)
-        c = cls_of[targets[batch].reshape(-1)]
-        cls.update(h.reshape(-1, h.shape[-1])[c.to(device) >= 0], c[c >= 0])
+        classes = class_of_target[targets[batch].reshape(-1)]  # each position's class, -1 for a rarer target
+        class_stats.update(h.reshape(-1, h.shape[-1])[classes.to(device) >= 0], classes[classes >= 0])
         left = n_keep - sum(len(k) for k in keep["kept"])
         keep["kept"].append(h[:max(left, 0)].float().cpu())
         keep["kept_targets"].append(targets[batch][:max(left, 0)])
         top3 = torch.isin(targets[batch], top[:3])  # (B, T): the positions of the ETF panel
         keep["etf"].append(hs[-1][top3.to(device)].double().cpu())
         keep["etf_targets"].append(targets[batch][top3])
-    nc = cls.neural_collapse()
+    nc = class_stats.neural_collapse()
     res = {"layerwise": layerwise([stats.result() for stats in layer_anova], cos_sum, len(x)),
-           "anova": dict(cls.anova(), n_classes=nc["n_classes"], n_tokens=cls.n_seq,
+           "anova": dict(class_stats.anova(), n_classes=nc["n_classes"], n_tokens=class_stats.n_seq,
                          target_share=counts[top].sum().item() / targets.numel()),
            "nc": {k: nc[k] for k in ("nc1", "nc2_equinorm", "nc2_equiangular")}, "spectrum": spec.result(),
            "heads": heads_with_weights(model, head_stats)}
@@ -345,7 +345,7 @@ def heads_lines(heads):  # summary.md: per block, the mean rho of each kind of h
 
 def checked_checkpoints(paths, config):
     """[(ckpt.pt path, what the analysis needs of it)] for the run directories or checkpoints given, each checked
-    against the options before any work (the optimiser state is dropped at once). Raises UsageError."""
+    against the options before any work (the optimizer state is dropped at once). Raises UsageError."""
     missing = [p for p in paths if not os.path.exists(p)]
     if missing or not paths:
         raise UsageError(f"{missing[0]}: no such run directory, checkpoint or config file" if missing else "give one or "
@@ -362,11 +362,13 @@ def checked_checkpoints(paths, config):
         if ckpt.get("kind") not in geometry.FINAL_METRIC or not {"model", "model_config"} <= set(ckpt):
             raise UsageError(f"{path}: not a checkpoint of the training scripts (kind {ckpt.get('kind')!r}, expected one "
                              f"of {sorted(geometry.FINAL_METRIC)}, with model and model_config)")
-        mc = ckpt["model_config"]
-        if config["layer"] != -1 and not 1 <= config["layer"] <= mc["n_layer"]:
-            raise UsageError(f"--layer={config['layer']}: use -1 (final norm) or a block number from 1 to {mc['n_layer']}")
-        if ckpt["kind"] == "gpt" and config["seq_len"] > mc["block_size"]:
-            raise UsageError(f"--seq_len={config['seq_len']} is longer than the model's block_size={mc['block_size']}")
+        model_config = ckpt["model_config"]
+        if config["layer"] != -1 and not 1 <= config["layer"] <= model_config["n_layer"]:
+            raise UsageError(f"--layer={config['layer']}: use -1 (final norm) or a block number from 1 to "
+                             f"{model_config['n_layer']}")
+        if ckpt["kind"] == "gpt" and config["seq_len"] > model_config["block_size"]:
+            raise UsageError(f"--seq_len={config['seq_len']} is longer than the model's "
+                             f"block_size={model_config['block_size']}")
         kept = ("kind", "model_config", "model", "config", "step", "classes", "mean", "std")
         ckpts.append((path, {k: ckpt[k] for k in kept if k in ckpt}))
     return ckpts
@@ -393,9 +395,9 @@ def analyze_run(path, ckpt, out_dir, config, device):
     if kind == "gpt":
         T = config["seq_len"] or cfg.get("block_size") or model.config.block_size
         x, targets = text.load_windows(data_dir, dataset, T, config["max_samples"], cfg.get("holdout", 0.0))
-        r, top, extra = gpt_pass(model, x, targets, layer, config["n_targets"], config["pca_images"],
+        measured, top, extra = gpt_pass(model, x, targets, layer, config["n_targets"], config["pca_images"],
                                  config["batch_size"], device)
-        res.update(r)
+        res.update(measured)
         ids = sorted(set(top + extra["kept_targets"].unique().tolist()))  # the classes of the ANOVA and the figures
         names = dict(zip(ids, text.token_names(data_dir, dataset, ids)))
         res["anova"].update(targets=top, target_names=[names[t] for t in top])
@@ -411,9 +413,9 @@ def analyze_run(path, ckpt, out_dir, config, device):
             raise UsageError(f"--etf_classes={etf}: not every class occurs among the {len(y)} analysed "
                              f"images; choose others or raise --max_samples")
         n_keep = config["pca_images"] if kind == "vit" else config["map_images"]
-        r, extra = image_pass(model, x, y, max(int(y.max()) + 1, model.config.num_classes), mean, std, layer,
+        measured, extra = image_pass(model, x, y, max(int(y.max()) + 1, model.config.num_classes), mean, std, layer,
                               config["tokens"] == "patch", n_keep, config["batch_size"], device)
-        res.update(r)
+        res.update(measured)
         tokens = "patch tokens only" if config["tokens"] == "patch" else "patch tokens and the CLS token"
         res["settings"] = dict(layer=layer, tokens=tokens, n_samples=len(x), dataset=dataset,
                                normalisation=dict(mean=mean, std=std))
@@ -483,8 +485,8 @@ def run_folders(ckpts, out):
     folders = []
     for path, _ in ckpts:
         name = run_name(path)
-        sub = next(s for s in [name] + [f"{name}-{n}" for n in range(2, len(ckpts) + 2)]
-                   if os.path.join(out, s) not in folders)
+        sub = next(candidate for candidate in [name] + [f"{name}-{n}" for n in range(2, len(ckpts) + 2)]
+                   if os.path.join(out, candidate) not in folders)
         folders.append(os.path.join(out, sub))
     return folders
 
@@ -506,11 +508,12 @@ if __name__ == "__main__":
     results = [analyze_run(path, ckpt, figures.writable_out(folder), config, run_device)
                for (path, ckpt), folder in zip(ckpts, folders)]
     if len(results) == 1:  # one run: its RESULT line
-        r = results[0]
-        nc1 = r["nc"]["nc1"] if r["kind"] == "gpt" else r.get("nc", {}).get("pooled", {}).get("nc1")
-        common.write_result(out_root, kind=r["kind"], n_lap=r["n_lap"],
-                             within_seq_frac=figures.fmt(pick_layer(r["layerwise"]["within_seq_frac"], layer), ".4f"),
-                             **{f"k_{alpha}": f"{r['spectrum'][f'k_{alpha}']:.2f}" for alpha in geometry.ALPHAS},
+        result = results[0]
+        nc1 = result["nc"]["nc1"] if result["kind"] == "gpt" else result.get("nc", {}).get("pooled", {}).get("nc1")
+        within_seq_frac = pick_layer(result["layerwise"]["within_seq_frac"], layer)
+        common.write_result(out_root, kind=result["kind"], n_lap=result["n_lap"],
+                             within_seq_frac=figures.fmt(within_seq_frac, ".4f"),
+                             **{f"k_{alpha}": f"{result['spectrum'][f'k_{alpha}']:.2f}" for alpha in geometry.ALPHAS},
                              **({} if nc1 is None else {"nc1": f"{nc1:.4g}"}), out=out_root)
     else:  # several: how to compare them (results/report.py reads the analyses just written)
         print("compare them: python results/report.py " + " ".join(folders) + f" --out={out_root}")

@@ -55,7 +55,7 @@ class AnovaStats:
     """Streaming anova(): token count and sums, the within-sequence sum of squares, and per class the count, sum and
     sum of squared norms of the sequence means."""
     def __init__(self, num_classes):
-        self.C = num_classes
+        self.num_classes = num_classes
         self.shift = None
         self.n_seq = 0
         self.n_tok = 0
@@ -69,9 +69,9 @@ class AnovaStats:
             self.tok_sum = torch.zeros(d, **kw)
             self.tok_sumsq = torch.zeros((), **kw)
             self.within_seq = 0.0
-            self.count = torch.zeros(self.C, **kw)  # per class: sequences, sum of |mu_i|^2, sum of mu_i
-            self.mu_sumsq = torch.zeros(self.C, **kw)
-            self.mu_sum = torch.zeros(self.C, d, **kw)
+            self.count = torch.zeros(self.num_classes, **kw)  # per class: sequences, sum of |mu_i|^2, sum of mu_i
+            self.mu_sumsq = torch.zeros(self.num_classes, **kw)
+            self.mu_sum = torch.zeros(self.num_classes, d, **kw)
         h = h - self.shift
         mu_i = h.mean(1)  # (B, d)
         self.n_seq += h.shape[0]
@@ -324,15 +324,15 @@ def head_results(model, stats):
     """analysis.json's "heads": per block, every head's rho / exact change (and the between-sequence pair), which
     heads are Laplacian, the attention sublayer, the MLP and the whole block."""
     layers = []
-    for l, (block, (on_input, on_mlp)) in enumerate(zip(model.blocks, stats)):
-        r = on_input.result()
+    for number, (block, (on_input, on_mlp)) in enumerate(zip(model.blocks, stats), start=1):
+        changes = on_input.result()  # per update: the H heads, the attention sublayer, the whole block
         mlp = on_mlp.result()
         H = block.attn.n_head
-        layers.append({"block": l + 1, "laplacian": [h >= H - block.attn.n_lap for h in range(H)],
-                       **{key: values[:H] for key, values in r.items()},
-                       "attention": {key: values[H] for key, values in r.items()},
+        layers.append({"block": number, "laplacian": [h >= H - block.attn.n_lap for h in range(H)],
+                       **{key: values[:H] for key, values in changes.items()},
+                       "attention": {key: values[H] for key, values in changes.items()},
                        "mlp": {key: values[0] for key, values in mlp.items()},
-                       "block_total": {key: values[H + 1] for key, values in r.items()}})
+                       "block_total": {key: values[H + 1] for key, values in changes.items()}})
     return {"graph": model.config.graph, "layers": layers}
 
 def head_means(heads):

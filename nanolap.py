@@ -77,8 +77,8 @@ class MixedHeadAttention(nn.Module):
         """Queries (B, H, T, D), keys and values (B, K, T, D); queries and keys normalised and rotated."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
-        q = self.q_norm(q.view(B, T, self.n_head, self.head_dim))  # (B, T, H, D)
-        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_dim))  # (B, T, K, D)
+        q = self.q_norm(q.view(B, T, -1, self.head_dim))  # (B, T, H, D)
+        k = self.k_norm(k.view(B, T, -1, self.head_dim))  # (B, T, K, D)
         v = v.view(B, T, self.n_kv_head, self.head_dim)  # (B, T, K, D)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -88,11 +88,11 @@ class MixedHeadAttention(nn.Module):
         """The same heads (B, T, H, D) with every P (B, H, T, T) materialised, for teaching, analysis and the tests."""
         q, k, v = self.project(x, rope)  # q (B, H, T, D); k and v (B, K, T, D)
         k, v = expand_kv(k, self.n_head), expand_kv(v, self.n_head)  # (B, H, T, D): each query head's keys and values
-        att = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5  # (B, H, T, T)
-        T = att.shape[-1]
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5  # (B, H, T, T)
+        T = scores.shape[-1]
         if self.causal:  # no token sees the future
-            att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=att.device).triu(1), float("-inf"))
-        P = F.dropout(att.softmax(dim=-1), self.dropout, self.training)
+            scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
+        P = F.dropout(scores.softmax(dim=-1), self.dropout, self.training)
         is_lap = (torch.arange(self.n_head, device=P.device) >= self.n_att).view(1, self.n_head, 1, 1)
         eye = torch.eye(T, device=P.device, dtype=P.dtype)
         y = torch.where(is_lap, eye - P, P) @ v  # (B, H, T, D): (I - P) V for the Laplacian heads, P V for the others
@@ -148,15 +148,9 @@ class UniformLaplacianAttention(MixedHeadAttention):
         return [self.n_att * self.head_dim, self.n_att * self.head_dim, self.n_head * self.head_dim]
 
     def project(self, x, rope=None):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(self.qkv_rows, dim=-1)
-        zeros = x.new_zeros(B, T, self.n_lap, self.head_dim)  # the Laplacian heads' queries and keys
-        q = torch.cat([self.q_norm(q.view(B, T, self.n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
-        k = torch.cat([self.k_norm(k.view(B, T, self.n_att, self.head_dim)), zeros], dim=2)  # (B, T, H, D)
-        v = v.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
-        if rope is not None:  # a rotated zero stays zero
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = super().project(x, rope)  # q and k (B, n_att, T, D), v (B, H, T, D)
+        zeros = q.new_zeros(q.shape[0], self.n_lap, q.shape[2], self.head_dim)  # the Laplacian heads' queries and keys
+        return torch.cat([q, zeros], dim=1), torch.cat([k, zeros], dim=1), v  # (B, H, T, D) each
 
 ATTENTION = dict(attention=MixedHeadAttention, uniform=UniformGraphAttention, lap_uniform=UniformLaplacianAttention)
 
@@ -402,8 +396,8 @@ class GPT(Trunk):
         super().__init__(config)
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        D = config.n_embd // config.n_head
-        inv_freq = config.rope_base ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
+        head_dim = config.n_embd // config.n_head
+        inv_freq = config.rope_base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         angles = torch.outer(torch.arange(config.block_size, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)  # (1, T, 1, D/2)
         self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
@@ -470,8 +464,9 @@ class GPT(Trunk):
             logits = logits[:, -1, :] / max(temperature, 1e-9)
             if top_k:
                 logits = logits.masked_fill(logits < torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]], -math.inf)
-            nxt = logits.argmax(-1, keepdim=True) if temperature == 0 else torch.multinomial(logits.softmax(-1), 1, generator=generator)
-            idx = torch.cat([idx, nxt], dim=1)
+            next_token = (logits.argmax(-1, keepdim=True) if temperature == 0  # greedy, else sampled
+                          else torch.multinomial(logits.softmax(-1), 1, generator=generator))
+            idx = torch.cat([idx, next_token], dim=1)
         return idx
 
 class KVCache:
@@ -488,7 +483,7 @@ class DINOHead(nn.Module):
     def __init__(self, in_dim, out_dim=4096, hidden_dim=2048, bottleneck_dim=256, n_layers=3, norm_last_layer=True):
         super().__init__()
         dims = [in_dim] + [hidden_dim] * (n_layers - 1) + [bottleneck_dim]
-        linears = [nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:])]
+        linears = [nn.Linear(d_in, d_out) for d_in, d_out in zip(dims[:-1], dims[1:])]
         for m in linears:
             nn.init.trunc_normal_(m.weight, std=0.02)
             nn.init.zeros_(m.bias)

@@ -24,6 +24,7 @@ import sys
 import textwrap
 import time
 import traceback
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the repo root: nanolap, data
@@ -93,6 +94,17 @@ def expect(ok, what):
     return bool(ok)
 
 
+def max_error(got, want):
+    """max |got - want|, or infinity when the shapes differ."""
+    return (got - want).abs().max().item() if got.shape == want.shape else math.inf
+
+
+def reaches_every(grad, what):
+    """The verdict that the loss reaches every one of a module's `what` (its gradient has no zero)."""
+    found = "None" if grad is None else " ".join(f"{v:.3g}" for v in grad.tolist())
+    return expect(grad is not None and grad.abs().min() > 0, f"the loss reaches every {what}: gradient {found}")
+
+
 def randomise(module, std, seed):
     """Give every weight a random value: GPTs start with zero output projections, and the ViT's init (std 0.02)
     makes P nearly uniform; both would hide mistakes."""
@@ -101,6 +113,13 @@ def randomise(module, std, seed):
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * std)
     return module
+
+
+def random_case(build, cfg, seed, T=17):
+    """build(cfg) with random weights (randomise), in eval mode, and random tokens (2, T, C): the same for one seed."""
+    torch.manual_seed(seed)
+    module = randomise(build(cfg), 0.1, seed).eval()
+    return module, torch.randn(2, T, cfg.n_embd)
 
 # ---- exercise 1: what a Laplacian head ignores ------------------------------------------------------------------
 
@@ -153,14 +172,12 @@ def check_2(ex, seed):
     # `rope` skips it. RoPE only rotates q and k before the scores: it changes P, not how P and I - P mix the
     # values, which is what this exercise is about (nanolap's GPT passes rope to every block; exercise 6 does too)
     for preset, n_lap in cases:
-        torch.manual_seed(seed)
         cfg = make_config(preset, n_lap=n_lap, n_layer=1, vocab_size=10)
-        attn = randomise(MixedHeadAttention(cfg, n_lap), 0.1, seed).eval()
-        x = torch.randn(2, 17, cfg.n_embd)
+        attn, x = random_case(lambda cfg: MixedHeadAttention(cfg, n_lap), cfg, seed)
         with torch.no_grad():
             fused = attn(x)
             yours = ex.mixed_head_attention(attn, x)
-        err = (fused - yours).abs().max().item() if yours.shape == fused.shape else math.inf
+        err = max_error(yours, fused)
         ok &= expect(err <= 1e-5, f"{preset:8s} causal={str(cfg.causal):5s} {'no RoPE' if cfg.causal else '':7s} "
                                   f"n_lap={n_lap} of {cfg.n_head}: max |fused - yours| = {err:.1e} (at most 1e-5)")
     return ok
@@ -175,7 +192,7 @@ def check_3(ex, seed):
         with torch.no_grad():
             full = model(idx)[:, 0]
             yours = ex.first_position_logits(model, idx)
-        err = (full - yours).abs().max().item() if yours.shape == full.shape else math.inf
+        err = max_error(yours, full)
         ok &= expect(err < 1e-4, f"n_lap={n_lap}: max |model(idx)[:, 0] - yours| = {err:.1e}")
     # nanolap's facts, for contrast: a Laplacian layer gives position 0 nothing, so its attention weights get no
     # gradient from the prediction made there
@@ -269,7 +286,7 @@ def read_comparison(out, kind):
     if not found:
         print(f"FAIL: no analyses in {path}; train the two runs and analyse them first (exercises/README.md)")
         return None
-    runs = [r for r in map(json.load, map(open, found)) if r.get("kind") == kind]
+    runs = [analysis for analysis in map(json.load, map(open, found)) if analysis.get("kind") == kind]
     if len(runs) < 2:
         print(f"FAIL: {path} holds {len(runs)} analysed {kind} run(s); analyse both runs in one analyze.py command")
         return None
@@ -284,13 +301,14 @@ def check_5(ex, out):
         return False
     layers = runs[0]["layerwise"]["layer"]
     print(f"{'run':24s} {'n_lap':10s} {'val_acc':>8s} {'k_0.99':>7s}   within-seq share after block", *layers)
-    for r in runs:
-        share = " ".join(f"{v:.3f}" for v in r["layerwise"]["within_seq_frac"])
-        print(f"{r['run'][-24:]:24s} {str(r['n_lap']).replace(' ', ''):10s} {r['final_metric']['value']:8.4f} "
-              f"{r['spectrum']['k_0.99']:7.2f}   {share}")
+    for analysis in runs:
+        share = " ".join(f"{v:.3f}" for v in analysis["layerwise"]["within_seq_frac"])
+        n_lap = str(analysis["n_lap"]).replace(" ", "")
+        print(f"{analysis['run'][-24:]:24s} {n_lap:10s} {analysis['final_metric']['value']:8.4f} "
+              f"{analysis['spectrum']['k_0.99']:7.2f}   {share}")
     print("mean pairwise cosine of the tokens in an image, after block " + " ".join(layers))
-    for r in runs:
-        print(f"{r['run'][-24:]:24s} " + " ".join(f"{v:.3f}" for v in r["layerwise"]["cosine"]))
+    for analysis in runs:
+        print(f"{analysis['run'][-24:]:24s} " + " ".join(f"{v:.3f}" for v in analysis["layerwise"]["cosine"]))
     return True
 
 # ---- exercise 6: a learnable head type -------------------------------------------------------------------------
@@ -300,10 +318,8 @@ def check_gates(ex, seed):
     is (1 - g) P V + g (V - P V) head by head, and the loss reaches the gates."""
     ok = True
     for preset in ("vit-cpu", "gpt-tiny"):
-        torch.manual_seed(seed)
         cfg = make_config(preset, n_layer=1, vocab_size=10)
-        gated = randomise(ex.GatedHeadAttention(cfg), 0.1, seed).eval()
-        x = torch.randn(2, 17, cfg.n_embd)
+        gated, x = random_case(ex.GatedHeadAttention, cfg, seed)
         H = cfg.n_head
         model = build_model(cfg)
         rope = (model.cos[:, :17], model.sin[:, :17]) if cfg.pos == "rope" else None  # GPT: rotary positions
@@ -315,9 +331,9 @@ def check_gates(ex, seed):
                 err = (gated(x, rope) - plain(x, rope)).abs().max().item()
             ok &= expect(err < 1e-5, f"{preset}: all gates {g:.0f} equals MixedHeadAttention with n_lap={n_lap}: "
                                      f"max error {err:.1e}")
-    # any gates, in the causal GPT module: head h's gate moves the output along a straight line, from nanolap's module
-    # with head h an attention head to the one with head h a Laplacian head. nanolap makes the trailing k heads
-    # Laplacian: going from k to k + 1 switches head H - 1 - k alone
+    # any gates, in the loop's last module (the causal GPT's): head h's gate moves the output along a straight line,
+    # from nanolap's module with head h an attention head to the one with head h a Laplacian head. nanolap makes the
+    # trailing k heads Laplacian: going from k to k + 1 switches head H - 1 - k alone
     outputs = []
     for n_lap in range(H + 1):
         plain = MixedHeadAttention(cfg, n_lap).eval()
@@ -334,16 +350,15 @@ def check_gates(ex, seed):
     with torch.no_grad():
         gated.gate_logit.zero_()  # g = 1/2
     gated(x, rope).square().sum().backward()
-    grad = gated.gate_logit.grad
-    return ok & expect(grad is not None and grad.abs().min() > 0, "the loss reaches every gate: gradient "
-                       + ("None" if grad is None else " ".join(f"{v:.3g}" for v in grad.tolist())))
+    return ok & reaches_every(gated.gate_logit.grad, "gate")
 
 
 HEAD_PARAMETERS = ("gate_logit", "lam")  # exercise 6's gates and exercise 10's lambdas: a learning rate of their own
 
 
 def normalised(imgs, model, data):
-    """uint8 images -> the model's normalised input (as training sees it, without augmentation)."""
+    """uint8 images -> the model's normalised input (as training sees it, without augmentation); data holds the
+    dataset's per-channel mean and std."""
     mean = torch.tensor(data["mean"]).view(1, -1, 1, 1)
     std = torch.tensor(data["std"]).view(1, -1, 1, 1)
     return (augment.to_unit(imgs, model.config.img_size) - mean) / std
@@ -358,18 +373,18 @@ def train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, s
     heads = [p for n, p in model.named_parameters() if n.endswith(HEAD_PARAMETERS)]
     rest = [p for n, p in model.named_parameters() if not n.endswith(HEAD_PARAMETERS)]
     groups = [dict(params=rest, lr=lr, weight_decay=0.05), dict(params=heads, lr=head_lr, weight_decay=0.0)]
-    opt = torch.optim.AdamW(groups) if steps else None  # --steps=0 evaluates the initial model
+    optimizer = torch.optim.AdamW(groups) if steps else None  # --steps=0 evaluates the initial model
     g = torch.Generator().manual_seed(seed)
     t0 = time.time()
     model.train()
     for step in range(1, steps + 1):
-        for group, peak in zip(opt.param_groups, (lr, head_lr)):  # cosine decay to 0
+        for group, peak in zip(optimizer.param_groups, (lr, head_lr)):  # cosine decay to 0
             group["lr"] = peak * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
         i = torch.randint(0, len(y), (batch_size,), generator=g)
         loss = F.cross_entropy(model(normalised(x[i], model, data)), y[i])
-        opt.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        optimizer.step()
         if step % 100 == 0 or step == steps:
             print(f"  step {step}/{steps} | loss {loss.item():.4f} | {time.time() - t0:.0f}s")
     model.eval()
@@ -380,24 +395,34 @@ def train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, s
     return correct / len(yv)
 
 
+def train_variant(variant, build, heads, steps, batch_size, lr, head_lr, dataset, data_dir, val_images, seed):
+    """Train a mean-pooling vit-cpu on dataset (train_image_model) and print its validation accuracy; heads: `variant`
+    (the exercise's heads: build(cfg) makes the model), 'attention' or 'laplacian' (nanolap's, every head of that
+    type). Returns the model and the data."""
+    if heads not in (variant, "attention", "laplacian"):
+        raise common.UsageError(f"--heads={heads!r}: choose {variant}, attention or laplacian")
+    torch.manual_seed(seed)
+    data = images.load_images(dataset, data_dir)
+    n_lap = 4 if heads == "laplacian" else 0  # the exercise's heads: their own parameters decide
+    cfg = make_config("vit-cpu", pooling="mean", num_classes=data["num_classes"], n_lap=n_lap)
+    model = build(cfg) if heads == variant else build_model(cfg)
+    print(f"training a vit-cpu with {heads} heads on {dataset}: {steps} steps of {batch_size} images")
+    acc = train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, seed)
+    print(f"  val_acc {acc:.4f} on {min(val_images, len(data['val'][1]))} validation images")
+    return model, data
+
+
 def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_images, seed):
     if not check_gates(ex, seed):
         return False
-    if heads not in ("gated", "attention", "laplacian"):
-        raise common.UsageError(f"--heads={heads!r}: choose gated, attention or laplacian")
-    torch.manual_seed(seed)
-    data = images.load_images(dataset, data_dir)
-    n_lap = 4 if heads == "laplacian" else 0  # gated: the gates decide
-    cfg = make_config("vit-cpu", pooling="mean", num_classes=data["num_classes"], n_lap=n_lap)
-    model = ex.gated_model(cfg) if heads == "gated" else build_model(cfg)
-    print(f"training a vit-cpu with {heads} heads on {dataset}: {steps} steps of {batch_size} images")
-    acc = train_image_model(model, data, steps, batch_size, lr, gate_lr, val_images, seed)
-    print(f"  val_acc {acc:.4f} on {min(val_images, len(data['val'][1]))} validation images")
+    model, _ = train_variant("gated", ex.gated_model, heads, steps, batch_size, lr, gate_lr, dataset, data_dir,
+                             val_images, seed)
     if heads == "gated":
         print("  learned gates g (0 = attention head, 1 = Laplacian head):")
-        for l, block in enumerate(model.blocks):
-            g = block.attn.gates().detach()
-            print(f"    layer {l + 1}: " + " ".join(f"{v:.3f}" for v in g.tolist()) + f"   mean {g.mean():.3f}")
+        for number, block in enumerate(model.blocks, start=1):
+            gates = block.attn.gates().detach()
+            shown = " ".join(f"{v:.3f}" for v in gates.tolist())
+            print(f"    layer {number}: {shown}   mean {gates.mean():.3f}")
     return True
 
 # ---- exercise 7: the spectrum by hand ----------------------------------------------------------------------------
@@ -408,15 +433,13 @@ def trained_tokens(run, max_samples, seed):
     ckpt = common.load_checkpoint(os.path.join(run, "ckpt.pt"))
     model = common.load_model(ckpt).eval()
     x, _, _, mean, std = images.eval_images(ckpt, max_samples, seed)
-    mean = torch.tensor(mean).view(1, -1, 1, 1)
-    std = torch.tensor(std).view(1, -1, 1, 1)
-    hs = []
+    tokens = []
     with torch.no_grad():
         for i in range(0, len(x), 64):
-            hs.append(model.forward_features((augment.to_unit(x[i:i + 64], model.config.img_size) - mean) / std)[:, 1:])
+            tokens.append(model.forward_features(normalised(x[i:i + 64], model, dict(mean=mean, std=std)))[:, 1:])
     path = os.path.join(run, "analysis", "analysis.json")
     stored = json.load(open(path))["spectrum"] if os.path.isfile(path) else None
-    return torch.cat(hs), stored
+    return torch.cat(tokens), stored
 
 
 def check_7(ex, run, max_samples, seed):
@@ -450,20 +473,20 @@ def check_8(ex, out, sample_chars, seed):
         return False
     print(f"{'run':24s} {'n_lap':6s} {'val_loss':>8s} {'val_bpb':>8s} {'within':>7s} {'between':>8s} {'NC1':>7s} "
           f"{'k_0.99':>7s}   (ANOVA over next-token classes, final norm)")
-    for r in runs:
-        log = [json.loads(l) for l in open(os.path.join(r["run"], "log.jsonl")) if l.strip()]
-        a = r["anova"]
-        print(f"{r['run'][-24:]:24s} {str(r['n_lap']):6s} {log[-1]['val_loss']:8.4f} {log[-1]['val_bpb']:8.4f} "
-              f"{a['within_class_frac']:7.3f} {a['between_class_frac']:8.3f} {r['nc']['nc1']:7.3g} "
-              f"{r['spectrum']['k_0.99']:7.2f}")
-    for r in runs:
-        ckpt = common.load_checkpoint(os.path.join(r["run"], "ckpt.pt"))
+    for analysis in runs:
+        log = [json.loads(line) for line in open(os.path.join(analysis["run"], "log.jsonl")) if line.strip()]
+        anova = analysis["anova"]
+        print(f"{analysis['run'][-24:]:24s} {str(analysis['n_lap']):6s} {log[-1]['val_loss']:8.4f} "
+              f"{log[-1]['val_bpb']:8.4f} {anova['within_class_frac']:7.3f} {anova['between_class_frac']:8.3f} "
+              f"{analysis['nc']['nc1']:7.3g} {analysis['spectrum']['k_0.99']:7.2f}")
+    for analysis in runs:
+        ckpt = common.load_checkpoint(os.path.join(analysis["run"], "ckpt.pt"))
         model = common.load_model(ckpt).eval()
         tok = text.get_tokenizer(ckpt["meta"])
         idx = torch.tensor([tok.encode("\n")])
         g = torch.Generator().manual_seed(seed)
         sample = tok.decode(model.generate(idx, sample_chars, temperature=0.8, top_k=200, generator=g)[0].tolist())
-        print(f"---- a sample of {r['run']} (n_lap={r['n_lap']}, temperature 0.8) ----\n{sample}")
+        print(f"---- a sample of {analysis['run']} (n_lap={analysis['n_lap']}, temperature 0.8) ----\n{sample}")
     return True
 
 # ---- exercise 9: the KV cache of a Laplacian head ------------------------------------------------------------------
@@ -497,19 +520,17 @@ def check_9(ex, seed):
     for case in expected(9):
         attn = fixed_layer(MixedHeadAttention(make_config("gpt-tiny", vocab_size=10, **SMALL), case["n_lap"]), case)
         got, _ = cached_steps(ex, attn, case["h"])
-        err = (got - case["out"]).abs().max().item() if got.shape == case["out"].shape else math.inf
+        err = max_error(got, case["out"])
         ok &= expect(err < 1e-5, f"{case['name']}: max |the reference's - yours| = {err:.1e}")
     # the whole sequence in one call of the layer (causal; no RoPE: attn(x) without `rope` skips it) against your
     # steps; the cache must hold what an attention layer's holds, keys and values, and nothing more
+    cfg = make_config("gpt-tiny", n_layer=1, vocab_size=10)
     for n_lap in (0, 2, 4):
-        torch.manual_seed(seed)
-        cfg = make_config("gpt-tiny", n_layer=1, vocab_size=10)
-        attn = randomise(MixedHeadAttention(cfg, n_lap), 0.1, seed).eval()
-        x = torch.randn(2, 9, cfg.n_embd)  # (B, T, C)
+        attn, x = random_case(lambda cfg: MixedHeadAttention(cfg, n_lap), cfg, seed, T=9)  # x (B, T, C)
         with torch.no_grad():
             full = attn(x)  # (B, T, C)
         got, cache = cached_steps(ex, attn, x)
-        err = (full - got).abs().max().item() if got.shape == full.shape else math.inf
+        err = max_error(got, full)
         ok &= expect(err <= 1e-5, f"n_lap={n_lap} of {cfg.n_head}, no RoPE: 9 cached steps against the whole sequence "
                                   f"at once, max error {err:.1e}")
         held = {name: tuple(t.shape) for name, t in cache.items()}
@@ -538,19 +559,10 @@ def attnscale_by_matrix(module, config, x):
 
 def fused_calls(module, x):
     """How many F.scaled_dot_product_attention calls one forward of module makes."""
-    calls = []
-    fused = F.scaled_dot_product_attention
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return fused(*args, **kwargs)
-    F.scaled_dot_product_attention = counted
-    try:
+    with mock.patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as fused:
         with torch.no_grad():
             module(x)
-    finally:
-        F.scaled_dot_product_attention = fused
-    return len(calls)
+    return fused.call_count
 
 
 def check_attnscale(ex, seed):
@@ -564,25 +576,21 @@ def check_attnscale(ex, seed):
         with torch.no_grad():
             module.lam.copy_(case["lam"])
             got = module(case["h"])
-        err = (got - case["out"]).abs().max().item() if got.shape == case["out"].shape else math.inf
+        err = max_error(got, case["out"])
         ok &= expect(err < 1e-5, f"{case['name']}: max |the reference's - yours| = {err:.1e}")
-    torch.manual_seed(seed)
     cfg = make_config("vit-cpu", n_layer=1)
-    module = randomise(ex.AttnScaleAttention(cfg), 0.1, seed).eval()
-    x = torch.randn(2, 17, cfg.n_embd)  # (B, T, C)
+    module, x = random_case(ex.AttnScaleAttention, cfg, seed)  # x (B, T, C)
     for lam in ([0.0] * 4, [-1.0] * 4, [0.5, -0.5, -2.0, 1.5]):
         with torch.no_grad():
             module.lam.copy_(torch.tensor(lam))
             got = module(x)
             want = attnscale_by_matrix(module, cfg, x)
-        err = (got - want).abs().max().item() if got.shape == want.shape else math.inf
+        err = max_error(got, want)
         ok &= expect(err < 1e-5, f"lambda = {lam}: against U + (1 + lambda)(P - U) written out, max error {err:.1e}")
     calls = fused_calls(module, x)
     ok &= expect(calls == 1, f"one forward makes {calls} F.scaled_dot_product_attention call(s): one gives every P V")
     module(x).square().sum().backward()
-    grad = module.lam.grad
-    return ok & expect(grad is not None and grad.abs().min() > 0, "the loss reaches every lambda: gradient "
-                       + ("None" if grad is None else " ".join(f"{v:.3g}" for v in grad.tolist())))
+    return ok & reaches_every(module.lam.grad, "lambda")
 
 
 @torch.no_grad()
@@ -597,23 +605,16 @@ def head_rho(model, imgs):
 def check_10(ex, steps, batch_size, lr, lam_lr, heads, dataset, data_dir, val_images, rho_images, seed):
     if not check_attnscale(ex, seed):
         return False
-    if heads not in ("attnscale", "attention", "laplacian"):
-        raise common.UsageError(f"--heads={heads!r}: choose attnscale, attention or laplacian")
-    torch.manual_seed(seed)
-    data = images.load_images(dataset, data_dir)
-    n_lap = 4 if heads == "laplacian" else 0
-    cfg = make_config("vit-cpu", pooling="mean", num_classes=data["num_classes"], n_lap=n_lap)
-    model = ex.attnscale_model(cfg) if heads == "attnscale" else build_model(cfg)
-    print(f"training a vit-cpu with {heads} heads on {dataset}: {steps} steps of {batch_size} images")
-    acc = train_image_model(model, data, steps, batch_size, lr, lam_lr, val_images, seed)
-    print(f"  val_acc {acc:.4f} on {min(val_images, len(data['val'][1]))} validation images")
+    model, data = train_variant("attnscale", ex.attnscale_model, heads, steps, batch_size, lr, lam_lr, dataset,
+                                data_dir, val_images, seed)
     xv = data["val"][0][:rho_images]
     rho = head_rho(model, normalised(xv, model, data))
     print(f"  rho_h of every head on {len(xv)} validation images, the first-order change of the within-image "
           f"variance of the patch tokens (negative: the head smooths them):")
-    for l, (block, r) in enumerate(zip(model.blocks, rho)):
+    for number, (block, block_rho) in enumerate(zip(model.blocks, rho), start=1):
         lam = block.attn.lam.tolist() if heads == "attnscale" else []
-        print(f"    block {l + 1}: rho " + " ".join(f"{v:+.3f}" for v in r.tolist()) + f"   mean {r.mean():+.3f}"
+        rhos = " ".join(f"{v:+.3f}" for v in block_rho.tolist())
+        print(f"    block {number}: rho {rhos}   mean {block_rho.mean():+.3f}"
               + ("   lambda " + " ".join(f"{v:+.2f}" for v in lam) if lam else ""))
     return True
 

@@ -111,8 +111,9 @@ def write_expected():
     ex4 = check.load(4, solution=True)
     ex7 = check.load(7, solution=True)
     values = {4: lambda h: {"within_seq_frac": ex4.within_seq_frac(h)},
-              7: lambda h: {f"k_{a}": ex7.k_alpha(h, a) for a in geometry.ALPHAS}}
-    written = {n: [dict(name=name, h=h.tolist(), **values[n](h)) for name, h in c] for n, c in cases.items()}
+              7: lambda h: {f"k_{alpha}": ex7.k_alpha(h, alpha) for alpha in geometry.ALPHAS}}
+    written = {number: [dict(name=name, h=h.tolist(), **values[number](h)) for name, h in inputs]
+               for number, inputs in cases.items()}
     C = check.SMALL["n_embd"]
     # weights of a quarter and tokens of a few units: scores of order 1, so that P is neither uniform nor one-hot
     weights = dict(qkv=ints(3 * C, C, low=-2, high=3) / 4, proj=ints(C, C, low=-2, high=3) / 4)
@@ -130,8 +131,8 @@ def write_expected():
         out = module(h)
     written[10] = [dict(name="2 heads of size 4, lambda 0.5 and -2, 6 tokens", lam=lam.tolist(),
                         **{k: w.tolist() for k, w in weights.items()}, h=h.tolist(), out=out.tolist())]
-    lines = [f'"{n}": [\n' + ",\n".join(json.dumps(case) for case in c) + "\n]"
-             for n, c in written.items()]  # one case per line
+    lines = [f'"{number}": [\n' + ",\n".join(json.dumps(case) for case in exercise_cases) + "\n]"
+             for number, exercise_cases in written.items()]  # one case per line
     with common.atomic_write(check.EXPECTED) as f:
         f.write(("{\n" + ",\n".join(lines) + "\n}\n").encode())
     print(f"wrote {check.EXPECTED}")
