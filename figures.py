@@ -77,6 +77,24 @@ def fig_collapse(curves, labels, title, path):  # curves: [(label, colour, layer
     fig.suptitle(f"{title}\n{LOOK_FOR['collapse']}", fontsize=9)
     return save_figure(fig, path)
 
+def fig_random_stacks(curves, title, path):  # exercise 4: curves {(n_lap, residual): share after each layer}
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (n_lap, residual), curve in curves.items():  # markers tell apart the curves that lie on top of each other
+        name = f"{'Laplacian' if n_lap else 'attention'} heads, {'x + attn(x)' if residual else 'attn(x)'}"
+        ax.semilogy(curve, ("C1" if n_lap else "C0") + ("--" if residual else "-"), marker="x" if residual else "o",
+                    markersize=7 if residual else 4, markevery=max(1, len(curve) // 12),
+                    fillstyle="none" if residual else "full", label=name)
+    depth = max(len(curve) for curve in curves.values()) - 1
+    ax.annotate("both Laplacian stacks stay near 1", (depth, 1.0), xytext=(0, -14), textcoords="offset points",
+                ha="right", va="top", color="C1")
+    ax.set(xlabel="layer L (0: the random input tokens)", ylabel="WithinSeqVar / TotalVar", title=title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    save_figure(fig, path)
+    return path
+
 def fig_spectrum(curves, title, path, spec=None):  # curves: [(label, colour, lambda_mean)]; spec: one run's
     fig, ax = pyplot().subplots(figsize=(6.0, 4.2))
     for label, color, lam in curves:

@@ -33,6 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
 import configurator  # noqa: E402
+import figures  # noqa: E402
 import geometry  # noqa: E402
 from data import augment, images, text  # noqa: E402
 from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
@@ -248,33 +249,13 @@ def check_4(ex, depth, n_seq, seq_len, n_embd, n_head, out, figure, seed):
         name = f"{'Laplacian' if n_lap else 'attention'} heads, {'x + attn(x)' if res else 'attn(x)'}"
         print(f"  {name:30s}" + " ".join(f"{curve[layer]:7.1e}" for layer in shown))
     if figure:
-        plot_curves(curves, n_head, n_embd, os.path.join(out, "collapse.png"))
+        path = figures.fig_random_stacks(curves, f"{n_head} heads, width {n_embd}, random weights",
+                                         os.path.join(out, "collapse.png"))
+        print(f"  figure: {path}")
     att = curves[(0, False)][-1]
     lap = curves[(n_head, False)][-1]
     return expect(att < lap, f"after {depth} layers: attention-only {att:.2e} < Laplacian {lap:.2e}")
 
-
-def plot_curves(curves, n_head, n_embd, path):
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no window
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (n_lap, res), curve in curves.items():  # markers tell apart the curves that lie on top of each other
-        ax.semilogy(curve, ("C1" if n_lap else "C0") + ("--" if res else "-"), marker="x" if res else "o",
-                    markersize=7 if res else 4, markevery=max(1, len(curve) // 12), fillstyle="none" if res else "full",
-                    label=f"{'Laplacian' if n_lap else 'attention'} heads, {'x + attn(x)' if res else 'attn(x)'}")
-    depth = max(len(curve) for curve in curves.values()) - 1
-    ax.annotate("both Laplacian stacks stay near 1", (depth, 1.0), xytext=(0, -14), textcoords="offset points",
-                ha="right", va="top", color="C1")
-    ax.set(xlabel="layer L (0: the random input tokens)", ylabel="WithinSeqVar / TotalVar",
-           title=f"{n_head} heads, width {n_embd}, random weights")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"  figure: {path}")
 
 # ---- exercise 5: a per-layer schedule (an experiment: numbers to compare) -------------------------------------
 
