@@ -360,7 +360,7 @@ def test_stacked_muon_equals_the_per_matrix_muon_over_20_steps(n_embd, n_kv_head
 
 
 @pytest.mark.slow  # half a minute: the float32 products of 3072 x 768 matrices
-@pytest.mark.parametrize("d", [384, 768])  # the README's gpt-small line on a T4; gpu_check's d12
+@pytest.mark.parametrize("d", [384, 768])  # the README's gpt-small line on a T4; gpu_bench's d12
 def test_newton_schulz_in_float16_stays_finite_and_within_1e_2_of_float32(monkeypatch, d):
     """A T4 orthogonalises in float16, the run's dtype. On stacks of random updates of the GPT's matrix shapes (q, k, v
     and the projection d x d, the MLP's 4d x d and d x 4d), of unit scale and of 1e-6 (a gradient's entries late in
@@ -698,7 +698,7 @@ def test_prepare_commands(tmp_path):
     assert done.returncode == 0 and "--shard_size=100000000  # tokens per shard" in done.stdout
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
     args = [a for a in TINY if not a.startswith("--device")] + [f"--data_dir={data_dir}", "--dataset=tiny",
                                                                  f"--out_dir={tmp_path}", "--eval_interval=3"]
@@ -709,6 +709,19 @@ def test_cuda_bf16_training_and_resume(data_dir, tmp_path, capsys):
     assert "cuda" in out and common.DTYPE_WORDS[common.amp_dtype("cuda")] in out and "tok/s" in out
     assert math.isfinite(first["val_loss"]) and float(resumed["val_loss"]) < first["val_loss"] + 0.5
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 6
+
+
+@pytest.mark.gpu
+def test_torchrun_on_cuda_starts_nccl_and_ends_in_one_result(data_dir, tmp_path):
+    """torchrun with up to two GPUs, as the README's recipes run: NCCL's start (on one GPU a world of 1, which
+    exchanges no gradient), a few steps and one RESULT line."""
+    nprocs = min(2, torch.cuda.device_count())
+    args = [a for a in TINY if not a.startswith(("--device", "--cpu_procs"))]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}",
+                           SCRIPT, *args, "--device=cuda", f"--data_dir={data_dir}", "--dataset=tiny", "--max_iters=20",
+                           "--eval_interval=20", f"--out_dir={tmp_path}"],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.count("RESULT ") == 1, done.stderr[-3000:]
 
 
 @pytest.mark.slow

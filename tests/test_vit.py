@@ -6,6 +6,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 
@@ -588,6 +589,23 @@ def test_fashion_mnist_smoke(tmp_path):
     r = result(p.stdout)
     assert float(r["val_acc"]) > 0.5 and r["dataset"] == "fashion_mnist"
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["classes"] == images.FASHION_CLASSES
+
+
+CPU_DEFAULT_VAL_ACC = (0.9015, 0.8956, 0.9001)  # RESULTS.md: `python train_vit.py` on a 2-core CPU, seeds 0, 1, 2
+
+
+@pytest.mark.gpu
+def test_the_cpu_default_on_a_gpu_lands_among_the_cpu_seeds(tmp_path):
+    """The CPU default to its end on a GPU, in one process of batch 256 (the global batch of the CPU's 2 x 128) and in
+    float32 as the CPU seeds ran (TF32 matmuls): its accuracy lies within 3 standard deviations of theirs. About a
+    minute on an H200; Fashion-MNIST must be on disk (data/fashion_mnist or the Debian package's folder)."""
+    done = subprocess.run([sys.executable, SCRIPT, "--device=cuda", "--batch_size=256", "--dtype=float32",
+                           f"--out_dir={tmp_path}"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    mean = statistics.mean(CPU_DEFAULT_VAL_ACC)
+    sd = statistics.stdev(CPU_DEFAULT_VAL_ACC)
+    assert mean - 3 * sd <= float(result(done.stdout)["val_acc"]) <= mean + 3 * sd
 
 
 @pytest.mark.slow
