@@ -166,21 +166,6 @@ def test_anova_views_split_the_final_norm_tokens_into_the_classifier_subspaces()
 
 
 # -----------------------------------------------------------------------------
-# the script: its imports and options
-
-
-def test_help_lists_the_options_only(capsys):
-    with pytest.raises(SystemExit) as e:
-        run_analyze("--help")
-    assert e.value.code == 0
-    text = capsys.readouterr().out
-    options = [line.split("=")[0].strip() for line in text.splitlines() if line.startswith("  --")]
-    assert options == ["--" + k for k in ("out", "max_samples", "batch_size", "layer", "tokens", "seq_len", "n_targets",
-                                          "etf_classes", "pca_images", "map_images", "device", "seed")]
-    assert "Neural Collapse" in text and "# output folder" in text  # the docstring and the option comments
-
-
-# -----------------------------------------------------------------------------
 # end to end on tiny checkpoints (the contract the training scripts write)
 
 

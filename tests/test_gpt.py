@@ -434,17 +434,6 @@ def test_non_finite_weights_are_never_saved(data_dir, tmp_path, monkeypatch):
     assert len(calls) == 2 and not os.path.exists(tmp_path / "ckpt.pt")
 
 
-def test_help_lists_every_option_with_its_comment(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        train(["--help"])
-    out = capsys.readouterr().out
-    options = [line for line in out.splitlines() if line.startswith("  --")]
-    assert exit_.value.code == 0 and out.startswith("Causal language models with Laplacian heads")
-    assert "--stop_at_step=0  # stop with a checkpoint after this step" in out and "--preset='gpt-tiny'  # " in out
-    assert {"--compile_model=False", "--cpu_procs=2", "--device='auto'", "--dtype='auto'"} <= {l.split()[0] for l in options}
-    assert len(options) > 40 and all("  # " in line for line in options), [l for l in options if "  # " not in l]
-
-
 @pytest.mark.slow  # seven seconds each: the fast tier's tiny training covers the script, test_nanolap the graph's math
 @pytest.mark.parametrize("optimizer_name", ["muon", "adamw"])
 @pytest.mark.parametrize("graph", ["uniform", "lap_uniform"])

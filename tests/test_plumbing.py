@@ -1,7 +1,7 @@
 """The run plumbing every script shares (common.py and configurator.py), in the order a run meets it:
-options (parse_args, configure, config_from_options, --resume, check_options, check_resume), devices and dtypes, the
-non-finite guard, the cosine schedule, checkpoints and atomic writes, the random state, the output folder and the
-RESULT line."""
+options (parse_args, configure, --help, config_from_options, --resume, check_options, check_resume), devices and
+dtypes, the non-finite guard, the cosine schedule, checkpoints and atomic writes, the random state, the output folder
+and the RESULT line."""
 
 import ast
 import glob
@@ -9,6 +9,8 @@ import math
 import os
 import pickle
 import random
+import re
+import runpy
 import subprocess
 import sys
 from dataclasses import asdict
@@ -19,7 +21,7 @@ import torch
 import common
 import configurator
 import nanolap
-from conftest import ROOT
+from conftest import ROOT, run_here
 from nanolap import Config
 
 
@@ -70,17 +72,22 @@ _private = 1
 '''
 
 
-def test_configure_reads_the_options_from_the_globals_and_writes_them_back(tmp_path, capsys):
+def test_configure_reads_the_options_from_the_globals_and_writes_them_back(tmp_path):
     ns = fake_script(tmp_path, SCRIPT)
     config, ckpt = configurator.configure(ns, ["--lr=0.01", "--n_lap=[0,1,2,4]"])
     assert ckpt is None and sorted(config) == ["lr", "n_embd", "n_lap", "out_dir", "preset", "resume"]
     assert ns["lr"] == 0.01 and ns["n_lap"] == [0, 1, 2, 4] and ns["MAX"] == 3
-    with pytest.raises(SystemExit) as exit_:
-        configurator.configure(fake_script(tmp_path, SCRIPT), ["--help"])
+
+
+@pytest.mark.parametrize("script", ["train_vit.py", "train_gpt.py", "train_dino.py", "analyze.py"])
+def test_help_lists_every_option_with_its_comment(script, capsys):
+    """--help: the script's docstring, then each option it declares with its value and comment, and nothing else."""
+    namespace = runpy.run_path(os.path.join(ROOT, script))  # its definitions, not its run
+    with pytest.raises(SystemExit) as stop:
+        run_here(script, "--help")
     out = capsys.readouterr().out
-    assert exit_.value.code == 0 and out.startswith("A test script.")
-    assert "--lr=0.001  # the peak learning rate" in out and "--n_embd=None  # None = the preset's width" in out
-    assert "MAX" not in out and "_private" not in out
+    assert stop.value.code == 0 and out.startswith(namespace["__doc__"].strip().splitlines()[0])
+    assert dict(re.findall(r"^  --(\w+)=.*?  # (.+)$", out, re.M)) == configurator.declared_options(namespace)
 
 
 def test_only_commented_top_level_literals_are_options(tmp_path):

@@ -76,27 +76,8 @@ def test_tiny_training_on_cpu(tmp_path):
     assert accuracy(ckpt, x[:128], y[:128]) == pytest.approx(float(r["val_acc"]), abs=1e-4)
 
 
-def test_help_lists_every_option_with_its_comment(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its own
-    with pytest.raises(SystemExit) as stop:
-        configurator.configure(dict(vars(train_vit)), ["--help"])
-    assert stop.value.code == 0
-    out = capsys.readouterr().out
-    assert out.startswith("Supervised ViTs") and "torchrun --nproc_per_node=8" in out
-    options = re.findall(r"^  --(\w+)=(.*?)  # (.+)$", out, re.M)
-    assert [k for k, _, _ in options] == ["out_dir", "log_interval", "ckpt_interval", "resume", "stop_at_step",
-                                          "dataset", "data_dir", "train_subset", "val_subset", "holdout", "img_size",
-                                          "num_workers", "preset", "n_lap", "n_layer", "n_head", "n_embd",
-                                          "patch_size", "mlp_ratio", "pooling", "drop_path", "layerscale", "qk_norm",
-                                          "graph", "crop_padding", "simple_random_crop", "hflip", "three_augment",
-                                          "color_jitter", "rand_augment", "rand_magnitude", "random_erasing", "mixup",
-                                          "cutmix", "label_smoothing", "bce_loss", "epochs", "batch_size",
-                                          "grad_accum", "lr", "min_lr", "warmup_epochs", "weight_decay", "beta1",
-                                          "beta2", "grad_clip", "device", "dtype", "compile_model", "cpu_procs",
-                                          "cpu_threads", "seed"]
-    assert ("lr", "0.003", "peak learning rate at the global batch; scale it with the global batch") in options
-    assert dict((k, v) for k, v, _ in options)["device"] == "'auto'"
-    assert 1 <= int(dict((k, v) for k, v, _ in options)["num_workers"]) <= os.cpu_count()  # not 8 on a 2-core laptop
+def test_num_workers_default_fits_the_machine():
+    assert 1 <= train_vit.num_workers <= os.cpu_count()  # not 8 on a 2-core laptop
 
 # ----------------------------------------------------------------------------- fast: helpers in process
 
