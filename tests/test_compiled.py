@@ -139,7 +139,7 @@ def test_each_script_under_bfloat16_cpu_autocast(script_run, kind):
     assert max_weight_difference(out, script_run(f"float32 {kind}")[1]) > 1e-6
 
 
-@pytest.mark.parametrize("kind", ["vit", "gpt", "dino"])
+@pytest.mark.parametrize("kind", ["vit", "dino"])  # the GPT's: tests/test_devices.py
 def test_float16_trains_with_its_gradient_scaler(script_run, kind):
     output, out = script_run(f"float16 {kind}")
     assert losses(output) and all(map(math.isfinite, losses(output)))
