@@ -111,29 +111,34 @@ def cost_cases(free_gib):
     return {f"vit-s/16 T=197 B={b_vit}": (vit, images), f"gpt d12 T=1024 B={b_gpt}": (gpt, tokens)}
 
 
+def layout_ratios(name, cfg, x, amp_dtype):
+    """{lap_cost_<model>_<mode>_<k>of6: ratio} of one case, each printed as it is measured."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):  # a d12 GPT initialises in milliseconds here, in seconds on the host
+        models = {k: build_model(replace(cfg, n_lap=k)) for k in LAYOUTS}
+    for model in models.values():
+        model.load_state_dict(models[0].state_dict())  # the same weights: only the head type differs
+    modes = {"eager": models}
+    if compile_model:
+        modes["compiled"] = {k: torch.compile(model) for k, model in models.items()}
+    ratios = {}
+    for mode, timed in modes.items():
+        print(f"cost: {name} {mode}, n_lap {', '.join(map(str, LAYOUTS))} of {cfg.n_head}", flush=True)
+        times = interleaved_times(timed, x, amp_dtype)
+        for k in LAYOUTS[1:]:
+            ratio = statistics.median(t / b for t, b in zip(times[k], times[0]))
+            print(f"cost: {name} {mode}: n_lap=0 {1e3 * statistics.median(times[0]):.1f} ms, n_lap={k} "
+                  f"{1e3 * statistics.median(times[k]):.1f} ms, ratio {ratio:.3f}", flush=True)
+            ratios[f"lap_cost_{cfg.model}_{mode}_{k}of{cfg.n_head}"] = f"{ratio:.3f}"
+    return ratios
+
+
 def part_cost(amp_dtype, free_gib):
-    """{lap_cost_<model>_<mode>_<k>of6: ratio}, each row printed as it is measured."""
     results = {}
     for name, (cfg, x) in cost_cases(free_gib).items():
-        torch.manual_seed(0)
-        with torch.device("cuda"):  # a d12 GPT initialises in milliseconds here, in seconds on the host
-            models = {k: build_model(replace(cfg, n_lap=k)) for k in LAYOUTS}
-        for model in models.values():
-            model.load_state_dict(models[0].state_dict())  # the same weights: only the head type differs
-        modes = {"eager": models}
-        if compile_model:
-            modes["compiled"] = {k: torch.compile(model) for k, model in models.items()}
-        for mode, timed in modes.items():
-            print(f"cost: {name} {mode}, n_lap {', '.join(map(str, LAYOUTS))} of {cfg.n_head}", flush=True)
-            times = interleaved_times(timed, x, amp_dtype)
-            for k in LAYOUTS[1:]:
-                ratio = statistics.median(t / b for t, b in zip(times[k], times[0]))
-                print(f"cost: {name} {mode}: n_lap=0 {1e3 * statistics.median(times[0]):.1f} ms, n_lap={k} "
-                      f"{1e3 * statistics.median(times[k]):.1f} ms, ratio {ratio:.3f}", flush=True)
-                results[f"lap_cost_{cfg.model}_{mode}_{k}of{cfg.n_head}"] = f"{ratio:.3f}"
-        del models, modes
+        results.update(layout_ratios(name, cfg, x, amp_dtype))
         torch._dynamo.reset()  # the next model's graphs start afresh
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # the models of this case are gone with layout_ratios' frame
     return results
 
 
@@ -211,9 +216,11 @@ def run_recipe(script, options):
 
     images.load_images = load_colour_images
     sys.argv = [script, *options]
-    runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-    if torch.cuda.is_available():
-        print(f"gpu_bench peak_memory_gib={torch.cuda.max_memory_allocated() / 2**30:.2f}", flush=True)
+    try:
+        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    finally:
+        if torch.cuda.is_available():
+            print(f"gpu_bench peak_memory_gib={torch.cuda.max_memory_allocated() / 2**30:.2f}", flush=True)
 
 
 def median_mfu(output):
