@@ -1,6 +1,6 @@
 """train_gpt.py, data/text.py and the text prepare scripts: data format, bits per byte, causality, Muon,
 the schedules, exact resume, torchrun and CPU processes, the tiktoken path and the error messages.
-CPU only, no network. Fast tier: python -m pytest -q tests/test_gpt.py; slow: add -m slow."""
+No network. Fast tier: python -m pytest -q tests/test_gpt.py; slow: add -m slow; on a CUDA GPU: -m gpu."""
 
 import hashlib
 import importlib.util

@@ -1,6 +1,6 @@
-"""train_vit.py: the helpers in process (augmentation, batches, loss, LAMB, schedule, --help) and the script as
-a user runs it, on a generated dataset. Fast tier: those and one tiny training. Slow tier (-m slow): learning,
-exact resume, DDP and CPU processes, bad input, Fashion-MNIST and the imagefolder path. CPU only."""
+"""train_vit.py: the helpers in process (augmentation, batches, loss, LAMB, schedule) and the script as a user runs
+it, on a generated dataset. Fast tier: those and one tiny training. Slow tier (-m slow): learning, exact resume, DDP
+and CPU processes, Fashion-MNIST and the imagefolder path. GPU tier (-m gpu): the CPU default on a CUDA GPU."""
 
 import json
 import os
