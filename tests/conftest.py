@@ -25,6 +25,15 @@ import torch  # noqa: E402
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked gpu skips where torch sees no CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
 def run(script, *args, check=False, timeout=180):
     """`python script args` from the repo root, as a user runs it: a train_*.py script in one process unless args
     name --cpu_procs. check=True fails the test with the script's output unless it succeeds."""

@@ -1,4 +1,4 @@
-"""tests/busy_bench.py's plumbing on a fake tree whose scripts print progress lines at once: the parsing of each
+"""dev/busy_bench.py's plumbing on a fake tree whose scripts print progress lines at once: the parsing of each
 script's progress line, the interleaving, the busy loop's end, the table. No timing is asserted."""
 
 import json
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "dev"))
 import busy_bench  # noqa: E402
 from common import UsageError  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_two_trees_interleaved_with_a_busy_loop(tmp_path):
     new, old = fake_tree(tmp_path / "new", 2), fake_tree(tmp_path / "old", 1)
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1")  # the bench must not hand it on: it measures the defaults
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "busy_bench.py"), f"--trees={new},{old}",
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "busy_bench.py"), f"--trees={new},{old}",
                            "--rounds=2", "--scripts=gpt,analyze", f"--out_dir={out}"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -93,6 +93,6 @@ def test_bad_options(tmp_path):
         with pytest.raises(UsageError, match=re.escape(message)):
             busy_bench.parse_options(*options)
     assert busy_bench.parse_options(f"{ROOT},", "analyze,vit", 1) == ([ROOT], ["vit", "analyze"])
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "busy_bench.py"), "--rounds=0",
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "busy_bench.py"), "--rounds=0",
                            f"--out_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "--rounds=0: must be at least 1" in done.stderr, done.stderr  # as a user sees it

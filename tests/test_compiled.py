@@ -1,16 +1,13 @@
 """
 The branches that only a GPU runs today, run on the CPU: every script compiled (inductor on the CPU) and under
 bfloat16 CPU autocast, float16 with its gradient scaler, compiled models against eager ones for every head layout,
-the FLOP count behind MFU against torch's counter, the GPU peak table's name matching, and the parts of
-tests/gpu_check.py that a CPU can run (its comparisons, its run set-up and its output parsing).
+the FLOP count behind MFU against torch's counter, and the GPU peak table's name matching.
 
     python -m pytest -q -m slow tests/test_compiled.py
 
-The ten script runs go two at a time (two cores); the model tests compile in this process meanwhile.
+The script runs go two at a time (two cores); the model tests compile in this process meanwhile.
 """
 
-import ast
-import glob
 import math
 import os
 import re
@@ -25,10 +22,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import common
 import conftest
-import gpu_check
 from common import load_checkpoint
 from conftest import ROOT, randomise
 from nanolap import build_model, make_config
+
+sys.path.insert(0, os.path.join(ROOT, "dev"))
+import gpu_bench  # noqa: E402
+from busy_bench import parse_speed  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ENV = dict(conftest.ENV, TORCHINDUCTOR_COMPILE_THREADS="1")  # inductor compiles in this process: no worker pool
@@ -49,33 +49,35 @@ TINY = {
 
 
 def script_commands(tmp, data_dir):
-    """name -> command of every script run, all of them on the CPU. The compiled runs are gpu_check.py's own
-    runs (its options, its child process, its colour images, its model passes after the run) with the tiny sizes on
-    top, in float32; the bfloat16 runs of the ViT and the GPT are gpu_check.py's default-recipe and torchrun
-    commands."""
+    """name -> command of every script run, all of them on the CPU. The compiled runs are dev/gpu_bench.py's recipes
+    (their options, its child process and colour images) with the tiny sizes on top, in float32."""
     data = [f"--data_dir={data_dir}"]
     commands = {}
-    for name, (script, options, colour, *_) in gpu_check.script_runs("cpu", str(tmp)).items():
+    for script, (options, _) in gpu_bench.recipe_runs("cpu", torch.float32, 1e9, str(tmp), 4).items():
         kind = script[6:-3]  # train_vit.py -> vit
         extra = TINY[kind] + (data if kind == "gpt" else []) + ["--dtype=float32", f"--out_dir={tmp / ('compiled-' + kind)}"]
-        if kind == "vit":  # gpu_check times ViT-S/16 at 224 px: 32 px images of 8 px patches here
+        if kind == "vit":  # the bench times ViT-S/16 at 224 px: 32 px images of 8 px patches here
             extra += ["--img_size=32", "--patch_size=8"]
         if kind == "dino":  # two crop sizes, compiled: the compiled backbone sees both
             extra += ["--global_size=28", "--patch_size=7", "--local_crops=2", "--local_size=14", "--compile_model=True"]
-        if kind == "gpt":  # one process, as on a GPU: the model passes follow the run in its own process
+        if kind == "gpt":  # one process, as on a GPU
             extra += ["--cpu_procs=1"]
-        commands[f"compiled {kind}"] = gpu_check.timed_command(script, options + extra, colour and 256, model_passes=True)
-    bf16 = ["--dtype=bfloat16"]
-    commands["bfloat16 vit"] = gpu_check.default_command("cpu", str(tmp)) + TINY["vit"] + bf16
-    commands["bfloat16 gpt"] = gpu_check.torchrun_commands(1, str(tmp))["gpt"] + TINY["gpt"] + data + bf16
-    commands["bfloat16 dino"] = [sys.executable, "train_dino.py", *TINY["dino"], *bf16, f"--out_dir={tmp / 'bf16-dino'}"]
+        commands[f"compiled {kind}"] = [sys.executable, "dev/gpu_bench.py", f"--recipe={script}", *options, *extra]
     for kind in ("vit", "gpt", "dino"):
-        for dtype in ("float16", "float32"):  # float32: the reference that shows autocast changed the arithmetic
+        for dtype in ("bfloat16", "float16", "float32"):  # float32: the reference that shows autocast changed the arithmetic
             commands[f"{dtype} {kind}"] = [sys.executable, f"train_{kind}.py", *TINY[kind], f"--dtype={dtype}",
                                            f"--out_dir={tmp / (dtype + '-' + kind)}"]
             if kind == "gpt":  # its data, in one process
                 commands[f"{dtype} {kind}"] += data + ["--cpu_procs=1"]
     return commands
+
+
+def model_input(cfg, batch, T):
+    """Images (B, C, H, W) for a ViT, token ids (B, T) for a GPT."""
+    g = torch.Generator().manual_seed(2)
+    if cfg.model == "vit":
+        return torch.randn(batch, cfg.in_chans, cfg.img_size, cfg.img_size, generator=g)
+    return torch.randint(0, cfg.vocab_size, (batch, T), generator=g)
 
 
 def max_weight_difference(out_a, out_b):
@@ -86,7 +88,7 @@ def max_weight_difference(out_a, out_b):
 
 
 RUNS_OF_TEST = {  # the runs each script test reads ({kind}: its parameter)
-    "test_each_script_compiled_on_the_cpu_through_gpu_checks_run_set_up": ["compiled {kind}"],
+    "test_each_script_compiled_on_the_cpu_as_the_gpu_bench_runs_it": ["compiled {kind}"],
     "test_each_script_under_bfloat16_cpu_autocast": ["bfloat16 {kind}", "float32 {kind}"],
     "test_float16_trains_with_its_gradient_scaler": ["float16 {kind}", "float32 {kind}"],
 }
@@ -94,67 +96,56 @@ RUNS_OF_TEST = {  # the runs each script test reads ({kind}: its parameter)
 
 @pytest.fixture(scope="module")
 def script_run(request, tmp_path_factory, data_dir):
-    """name -> (return code, timed output lines, out_dir) of a run. The runs that the selected tests read start
-    together when the first is asked for, two at a time."""
+    """name -> (its output, out_dir) of a run that succeeded. The runs that the selected tests read start together
+    when the first is asked for, two at a time."""
     tmp = tmp_path_factory.mktemp("runs")
     commands = script_commands(tmp, data_dir)
     wanted = {run.format(**item.callspec.params) for item in request.session.items
               for run in RUNS_OF_TEST.get(getattr(item, "originalname", ""), [])}
     pool = ThreadPoolExecutor(max_workers=2)
-    futures = {name: pool.submit(gpu_check.run_command, cmd, 600, ENV) for name, cmd in commands.items() if name in wanted}
+    futures = {name: pool.submit(subprocess.run, cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+               for name, cmd in commands.items() if name in wanted}
 
     def get(name):
-        code, lines = futures[name].result()
+        done = futures[name].result()
         out = next(a.split("=", 1)[1] for a in reversed(commands[name]) if a.startswith("--out_dir="))
-        assert code == 0, f"{name} failed ({code}):\n" + "\n".join(text for _, text in lines[-25:])
-        return code, lines, out
+        assert done.returncode == 0, f"{name} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        return done.stdout, out
 
     yield get
     pool.shutdown(wait=True)
 
 
-def losses(lines):
-    return gpu_check.logged_losses(lines)
+def losses(output):
+    """The losses of a run's progress lines ('| loss 2.3012 |') and of its RESULT line."""
+    logged = [float(m) for m in re.findall(r"\| loss (\S+) \|", output)]
+    return logged + [float(v) for k, v in conftest.parse_result(output).items() if "loss" in k]
 
 
 @pytest.mark.parametrize("kind", ["vit", "gpt", "dino"])
-def test_each_script_compiled_on_the_cpu_through_gpu_checks_run_set_up(script_run, kind):
-    code, lines, out = script_run(f"compiled {kind}")
-    assert losses(lines) and all(map(math.isfinite, losses(lines)))
-    assert len(gpu_check.progress(lines)) >= 3 and gpu_check.peak_memory(lines) is None  # no CUDA: no memory line
-    rows = gpu_check.script_rows(f"{kind} tiny", 32, "img", 1e9, None, code, lines)  # gpu_check's rows of this run
-    assert [r["ok"] for r in rows] == [True] * 5 and rows[1]["value"].endswith("| -")  # no peak FLOP/s: no MFU
-    assert rows[4]["value"] == "not counted (no CUDA)"  # the host syncs: CUDA's sync debug mode counts them
-    step_ms, model_ms, ratio = map(float, rows[3]["value"].split(" | "))  # the model's passes, compiled, after the run
-    assert model_ms > 0 and "passes=1" in lines[-1][1]  # the ratio of the unrounded times: within the rounding of all 3
-    assert (step_ms - 0.05) / (model_ms + 0.05) - 0.005 <= ratio <= (step_ms + 0.05) / (model_ms - 0.05) + 0.005
-    rate, compile_s = gpu_check.timing(lines)
-    assert rate > 0 and compile_s is not None
-    if kind == "vit":  # gpu_check's colour images reached the script, and config/vit_cifar10.py's recipe ran
-        assert any("3x32x32" in text for _, text in lines) and any("mixup" in text and "0.8" in text for _, text in lines)
+def test_each_script_compiled_on_the_cpu_as_the_gpu_bench_runs_it(script_run, kind):
+    output, out = script_run(f"compiled {kind}")
+    assert losses(output) and all(map(math.isfinite, losses(output)))
+    assert parse_speed(output) > 0  # the bench reads the rate of these progress lines
+    if kind == "vit":  # the bench's colour images reached the script, and config/vit_cifar10.py's recipe ran
+        assert "3x32x32" in output and re.search(r"mixup.*0\.8", output)
 
 
 @pytest.mark.parametrize("kind", ["vit", "gpt", "dino"])
 def test_each_script_under_bfloat16_cpu_autocast(script_run, kind):
-    code, lines, out = script_run(f"bfloat16 {kind}")
-    assert losses(lines) and all(map(math.isfinite, losses(lines)))
-    if kind == "gpt":  # through gpu_check's torchrun command (one process: gloo on a CPU)
-        assert any("bfloat16 autocast" in text for _, text in lines) and gpu_check.torchrun_row("gpt", 1, code, lines)["ok"]
-    else:  # the same run in float32 (on a CPU bit-identical when repeated) ends with other weights
-        assert max_weight_difference(out, script_run(f"float32 {kind}")[2]) > 1e-6
-    if kind == "vit":  # through gpu_check's default-recipe command: its row judges the accuracy by the CPU seeds
-        row = gpu_check.default_row(code, lines)
-        low, high = gpu_check.seed_band()
-        assert row["number"] == gpu_check.result_of(lines)["val_acc"] and row["ok"] == (low <= float(row["number"]) <= high)
+    output, out = script_run(f"bfloat16 {kind}")
+    assert losses(output) and all(map(math.isfinite, losses(output)))
+    # the same run in float32 (on a CPU bit-identical when repeated) ends with other weights
+    assert max_weight_difference(out, script_run(f"float32 {kind}")[1]) > 1e-6
 
 
-@pytest.mark.parametrize("kind", ["vit", "gpt", "dino"])
+@pytest.mark.parametrize("kind", ["vit", "dino"])  # the GPT's: tests/test_devices.py
 def test_float16_trains_with_its_gradient_scaler(script_run, kind):
-    code, lines, out = script_run(f"float16 {kind}")
-    assert losses(lines) and all(map(math.isfinite, losses(lines)))
+    output, out = script_run(f"float16 {kind}")
+    assert losses(output) and all(map(math.isfinite, losses(output)))
     scaler = load_checkpoint(os.path.join(out, "ckpt.pt"))["scaler"]
     assert scaler.get("scale", 0) > 0  # a disabled GradScaler saves an empty state
-    assert max_weight_difference(out, script_run(f"float32 {kind}")[2]) > 1e-6  # autocast ran in float16
+    assert max_weight_difference(out, script_run(f"float32 {kind}")[1]) > 1e-6  # autocast ran in float16
 
 
 # ---- compiled models against eager ones -------------------------------------
@@ -177,7 +168,7 @@ def test_compiled_model_equals_eager_in_logits_and_gradients(name):
     torch.manual_seed(0)
     model = randomise(build_model(cfg), std=0.02, seed=1, gain=1.0).eval()
     compiled = torch.compile(model, fullgraph=True)  # raises on any graph break
-    x = gpu_check.model_input(cfg, 2, T=32)
+    x = model_input(cfg, 2, T=32)
     results = []
     for m in (model, compiled):
         model.zero_grad(set_to_none=True)
@@ -197,7 +188,7 @@ def counted_flops(cfg, batch, T):
     backend spells attention as matmuls, so that it is counted on a CPU too."""
     with torch.device("meta"):
         model = build_model(cfg)
-    x = gpu_check.model_input(cfg, batch, T).to("meta")
+    x = model_input(cfg, batch, T).to("meta")
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         loss = model(x, x)[1] if cfg.model == "gpt" else model(x).float().square().mean()
         loss.backward()
@@ -276,104 +267,3 @@ def test_peak_flops_by_gpu_name(name, peak):
 
 def test_peak_flops_of_a_cpu_is_none():
     assert common.peak_flops("cpu") is None
-
-
-# ---- the rest of gpu_check.py on the CPU -------------------------------------
-@pytest.mark.parametrize("parts", [[], ["--only=equal,cost,tests"], ["--only=scripts,default,torchrun"]])
-def test_gpu_check_refuses_without_cuda_in_one_line(parts):
-    done = subprocess.run([sys.executable, "tests/gpu_check.py", *parts], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, **ENV), timeout=120)
-    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
-    assert done.stderr.startswith("gpu_check.py needs a CUDA GPU")
-
-
-def tiny_configs():
-    return {kind: (LAYOUTS[f"{kind} attention"], 2) for kind in ("vit", "gpt")}
-
-
-def test_gpu_checks_fused_against_explicit_on_the_cpu():
-    """The CPU has SDPA's FlashAttention and math kernels, not the memory-efficient one: a row that asks for a kernel
-    that cannot run fails instead of running on another."""
-    rows = gpu_check.part_equal("cpu", tiny_configs(), [(torch.float32, SDPBackend.FLASH_ATTENTION),
-                                                        (torch.bfloat16, SDPBackend.FLASH_ATTENTION),
-                                                        (torch.float32, SDPBackend.EFFICIENT_ATTENTION)])
-    assert len(rows) == 2 * (3 + 2)  # per model: three attention rows, two uniform rows
-    assert [r["ok"] for r in rows if "efficient" in r["check"]] == [False, False]
-    assert all(r["ok"] for r in rows if "efficient" not in r["check"]), rows
-
-
-def test_gpu_checks_lap_cost_on_the_cpu():
-    cfg = LAYOUTS["gpt attention"]
-    rows = gpu_check.part_cost("cpu", {"tiny gpt": (cfg, gpu_check.model_input(cfg, 2, 32))}, rounds=1, repeats=1,
-                               amp_dtype=torch.float32)
-    assert [r["key"] for r in rows] == ["lap_cost_gpt_eager", "lap_cost_gpt_compiled"]
-    assert all(0 < float(r["number"]) < 100 for r in rows)  # a ratio of two timings (no timing claim on a busy CPU)
-
-
-def test_timing_reads_the_steady_rate_and_the_compile_time():
-    lines = [(0.0, "config: ..."), (1.0, "schedule: global batch 512"), (31.0, "epoch 1/2 step 10/40 | loss 2.3"),
-             (32.0, "epoch 1/2 step 20/40 | loss 2.2"), (33.0, "eval epoch 1: val_acc 0.5"),
-             (40.0, "epoch 2/2 step 30/30 | loss 2.1"), (41.5, "RESULT n_lap=6 steps=30 val_loss=2.1")]
-    rate, compile_s = gpu_check.timing(lines)
-    assert rate == 10.0  # the interval across the evaluation (1.25 steps/s) is left out
-    assert compile_s == pytest.approx(31.0 - 1.0 - 10 / 10.0)
-    assert gpu_check.result_of(lines) == dict(n_lap="6", steps="30", val_loss="2.1")
-    assert gpu_check.timing(lines[:3]) == (None, None)
-    assert gpu_check.peak_memory(lines + [(42.0, "gpu_check peak_memory_gib=12.50")]) == 12.5
-
-
-def test_colour_images_are_a_learnable_colour_set():
-    data = gpu_check.colour_images(200, 50)
-    (x, y), (vx, vy) = data["train"], data["val"]
-    assert x.shape == (200, 3, 32, 32) and x.dtype == torch.uint8 and vx.shape == (50, 3, 32, 32)
-    assert len(data["mean"]) == 3 and data["num_classes"] == 10 and set(y.tolist()) == set(range(10))
-    means = torch.stack([x[y == k].float().mean(0) for k in range(10)])  # (10, 3, 32, 32): one mean image per class
-    assert torch.cdist(means.flatten(1), means.flatten(1)).add(torch.eye(10) * 1e9).min() > 100  # classes differ
-
-
-def test_seed_band_holds_the_cpu_seeds():
-    low, high = gpu_check.seed_band()
-    assert all(low <= a <= high for a in gpu_check.CPU_DEFAULT_VAL_ACC)
-    assert 0.88 < low < 0.8956 and 0.9015 < high < 0.92
-
-
-def test_gpu_check_runs_every_cuda_only_test():
-    """Every test that skips without CUDA is in gpu_check.CUDA_TESTS."""
-    found = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
-        for node in ast.parse(open(path).read()).body:
-            marks = [ast.unparse(d) for d in getattr(node, "decorator_list", [])]
-            if any(re.search(r"skipif\(not torch\.cuda\.is_available\(\)", m) for m in marks):
-                found.append(f"tests/{os.path.basename(path)}::{node.name}")
-    assert found and sorted(found) == sorted(gpu_check.CUDA_TESTS)
-
-
-def test_table_and_torchrun_commands():
-    rows = [gpu_check.row("equal", "vit", "logits 1e-07", "1e-04", True), gpu_check.row("cost", "gpt", "1.5", "<= 1.1", False)]
-    gpu_check.print_table(rows)
-    commands = gpu_check.torchrun_commands(2, "out")
-    assert all("--nproc_per_node=2" in c and "--standalone" in c for c in commands.values())
-    lines = [(0.0, "step 1/4 | loss 2.0"), (0.1, "RESULT n_lap=2 val_loss=2.0")]
-    assert gpu_check.torchrun_row("gpt", 2, 0, lines)["ok"] and not gpu_check.torchrun_row("gpt", 2, 0, lines[:1])["ok"]
-
-
-def test_gpu_checks_main_prints_the_table_and_result_and_survives_a_broken_part(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-
-    def equal(**kwargs):
-        return [gpu_check.row("equal", "vit", "logits 1e-07", "1e-04", True)]
-
-    def broken_cost(**kwargs):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
-
-    def tests(**kwargs):
-        return [gpu_check.row("tests", "2 tests", "2 passed", "", True, "t", "2")]
-
-    monkeypatch.setattr(gpu_check, "part_equal", equal)
-    monkeypatch.setattr(gpu_check, "part_cost", broken_cost)
-    monkeypatch.setattr(gpu_check, "part_tests", tests)
-    assert gpu_check.main(("equal", "cost", "tests"), str(tmp_path), gpu=("NVIDIA H200", (9, 0), 130.0)) == 1
-    out = capsys.readouterr().out
-    assert "OutOfMemoryError: CUDA out of memory" in out and "FAIL" in out and "2 passed" in out
-    assert common.read_result(str(tmp_path)) == dict(gpu="NVIDIA_H200", torch=torch.__version__, parts="equal,cost,tests",
-                                                      checks="3", failed="1", seconds="0", t="2")

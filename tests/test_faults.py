@@ -250,11 +250,17 @@ def test_unknown_options_name_the_closest_valid_ones(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_scripts_unknown_option_is_one_short_line(data_dir):
+def test_bad_input_is_one_short_line_in_a_shell(tmp_path):
+    """Bad input as a user meets it: exit status 1 and one `error: ...` line, no traceback, also where each of two
+    CPU processes meets it (a data folder that is not there): only the first speaks. The scripts' messages themselves
+    are tested in their own files, in process."""
     for kind in KINDS:
         rc, out, err = run([f"train_{kind}.py", "--nlap=2"])
         assert_one_line_error(rc, out, err, "unknown option --nlap; did you mean --n_lap?", "--help")
         assert len(err) < 120, err
+    rc, out, err = run(["train_vit.py", "--cpu_procs=2", "--dataset=imagefolder", f"--data_dir={tmp_path}/nowhere",
+                        f"--out_dir={tmp_path}/o"])
+    assert_one_line_error(rc, out, err, "is not a directory")
 
 
 # ----------------------------------------------------------------------------- damaged checkpoints

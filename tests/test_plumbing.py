@@ -1,7 +1,7 @@
 """The run plumbing every script shares (common.py and configurator.py), in the order a run meets it:
-options (parse_args, configure, config_from_options, --resume, check_options, check_resume), devices and dtypes, the
-non-finite guard, the cosine schedule, checkpoints and atomic writes, the random state, the output folder and the
-RESULT line."""
+options (parse_args, configure, --help, config_from_options, --resume, check_options, check_resume), devices and dtypes,
+the non-finite guard, the cosine schedule, checkpoints and atomic writes, the random state and the RESULT line. Damaged
+checkpoints and the output folder of an earlier run: test_faults.py."""
 
 import ast
 import glob
@@ -9,6 +9,8 @@ import math
 import os
 import pickle
 import random
+import re
+import runpy
 import subprocess
 import sys
 from dataclasses import asdict
@@ -19,7 +21,7 @@ import torch
 import common
 import configurator
 import nanolap
-from conftest import ROOT
+from conftest import ROOT, run_here
 from nanolap import Config
 
 
@@ -70,17 +72,22 @@ _private = 1
 '''
 
 
-def test_configure_reads_the_options_from_the_globals_and_writes_them_back(tmp_path, capsys):
+def test_configure_reads_the_options_from_the_globals_and_writes_them_back(tmp_path):
     ns = fake_script(tmp_path, SCRIPT)
     config, ckpt = configurator.configure(ns, ["--lr=0.01", "--n_lap=[0,1,2,4]"])
     assert ckpt is None and sorted(config) == ["lr", "n_embd", "n_lap", "out_dir", "preset", "resume"]
     assert ns["lr"] == 0.01 and ns["n_lap"] == [0, 1, 2, 4] and ns["MAX"] == 3
-    with pytest.raises(SystemExit) as exit_:
-        configurator.configure(fake_script(tmp_path, SCRIPT), ["--help"])
+
+
+@pytest.mark.parametrize("script", ["train_vit.py", "train_gpt.py", "train_dino.py", "analyze.py"])
+def test_help_lists_every_option_with_its_comment(script, capsys):
+    """--help: the script's docstring, then each option it declares with its value and comment, and nothing else."""
+    namespace = runpy.run_path(os.path.join(ROOT, script))  # its definitions, not its run
+    with pytest.raises(SystemExit) as stop:
+        run_here(script, "--help")
     out = capsys.readouterr().out
-    assert exit_.value.code == 0 and out.startswith("A test script.")
-    assert "--lr=0.001  # the peak learning rate" in out and "--n_embd=None  # None = the preset's width" in out
-    assert "MAX" not in out and "_private" not in out
+    assert stop.value.code == 0 and out.startswith(namespace["__doc__"].strip().splitlines()[0])
+    assert dict(re.findall(r"^  --(\w+)=.*?  # (.+)$", out, re.M)) == configurator.declared_options(namespace)
 
 
 def test_only_commented_top_level_literals_are_options(tmp_path):
@@ -286,24 +293,6 @@ def test_atomic_writes_of_two_processes_to_one_path_both_complete(tmp_path):
     assert path.read_bytes() == b"first, still writing" and os.listdir(tmp_path) == ["data.bin"]
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "cannot be read"),
-    (b"\x00\x01garbage" * 100, "cannot be read"),
-    ("truncated", "cannot be read"),
-])
-def test_damaged_checkpoints_fail_in_one_line_without_unsafe_advice(tmp_path, content, message):
-    path = tmp_path / "ckpt.pt"
-    if content == "truncated":
-        common.save_checkpoint({"model": torch.randn(1000)}, str(path))
-        content = path.read_bytes()[:2000]
-    path.write_bytes(content)
-    with pytest.raises(common.UsageError) as err:
-        common.load_checkpoint(str(path), "--resume: ")
-    text = str(err.value)
-    assert message in text and str(path) in text and "\n" not in text
-    assert "weights_only=False" not in text and "damaged or truncated" in text
-
-
 def test_clean_state_dict_strips_compile_and_ddp_prefixes():
     sd = {"module._orig_mod.blocks.0.x": 1, "_orig_mod.wte.weight": 2, "head.weight": 3}
     assert common.clean_state_dict(sd) == {"blocks.0.x": 1, "wte.weight": 2, "head.weight": 3}
@@ -334,23 +323,6 @@ def test_the_random_state_holds_this_processs_own_gpu_only(monkeypatch):
     assert torch.equal(state["cuda"], torch.tensor([7], dtype=torch.uint8))
     common.set_rng_state(state)
     assert len(saved) == 1 and torch.equal(saved[0], state["cuda"])
-
-
-def test_prepare_out_dir_moves_an_earlier_run_aside_and_checks_writing(tmp_path, capsys):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "ckpt.pt").write_text("old")
-    (out / "log.jsonl").write_text("{}\n")
-    common.prepare_out_dir(str(out), resume=True)  # a resume keeps them
-    assert (out / "ckpt.pt").exists()
-    common.prepare_out_dir(str(out), resume=False)  # a fresh run moves them aside, and says where
-    aside = [d for d in os.listdir(out) if d.startswith("previous-")]
-    assert len(aside) == 1 and sorted(os.listdir(out / aside[0])) == ["ckpt.pt", "log.jsonl"]
-    assert not (out / "ckpt.pt").exists() and aside[0] in capsys.readouterr().out
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(common.UsageError, match="--out_dir=.* cannot be written"):
-        common.prepare_out_dir(str(blocker / "sub"), resume=False)
 
 
 def test_result_line_and_step_seed(tmp_path, capsys):

@@ -4,8 +4,8 @@ gpt-tiny, 4 layers, d 128, 4 heads, n_lap 2) at block_size 256, the cached and t
 alternation (the median of interleaved rounds, so that a drifting machine speed cancels in the ratio). The weights
 are random: the speed does not depend on them, and both samplers must draw the same tokens.
 
-    python tests/bench_generate.py                       # about a minute on a 2-core CPU
-    python tests/bench_generate.py --n_kv_head=2 --rounds=3
+    python dev/bench_generate.py                       # about a minute on a 2-core CPU
+    python dev/bench_generate.py --n_kv_head=2 --rounds=3
 
 The cache runs each new token alone through the model (O(T) work per token) where the recomputation runs the whole
 context again (O(T^2) attention, O(T) everything else), so the ratio grows with the number of tokens sampled.

@@ -5,9 +5,9 @@ keeps one core busy (a plain Python loop, as a browser tab or a second terminal 
 their own defaults, OMP_NUM_THREADS and OMP_WAIT_POLICY unset. Rounds interleave (alone, busy; the next round busy,
 alone) and trees too, so that a drifting machine speed cancels in the ratios.
 
-    python tests/busy_bench.py                                    # this tree: about 6 minutes on 2 idle cores
-    python tests/busy_bench.py --trees=.,/work/base --rounds=1    # before/after: about 10 minutes
-    python tests/busy_bench.py --scripts=gpt,analyze --rounds=3
+    python dev/busy_bench.py                                    # this tree: about 6 minutes on 2 idle cores
+    python dev/busy_bench.py --trees=.,/work/base --rounds=1    # before/after: about 10 minutes
+    python dev/busy_bench.py --scripts=gpt,analyze --rounds=3
 
 Speed: the median of a script's own progress lines (img/s, tok/s) after its first one (which holds the warm-up);
 for analyze.py, samples analysed per second of its wall time (start-up included). busy/alone is the median over

@@ -3,9 +3,9 @@ The fused path against the explicit one, and what Laplacian heads cost: forward+
 head Laplacian), timed in alternation (median of interleaved rounds, so drifting machine speed cancels),
 eager and compiled, plus the explicit path, which materialises P, against the fused one.
 
-    python tests/benchmark.py                    # about 2.5 minutes on a 2-core CPU
-    python tests/benchmark.py --compile_model=False --rounds=3
-    python tests/benchmark.py --control=True     # two identical n_lap = 0 models: what the ratio reads with no difference
+    python dev/benchmark.py                    # about 2.5 minutes on a 2-core CPU
+    python dev/benchmark.py --compile_model=False --rounds=3
+    python dev/benchmark.py --control=True     # two identical n_lap = 0 models: what the ratio reads with no difference
 
 A Laplacian head adds one elementwise subtraction (V - P V) and no parameter or matmul, so the ratio
 should be 1 up to noise. On a shared machine single timings swing by more than that: read the median.
