@@ -1,14 +1,13 @@
 """The run plumbing every script shares (common.py and configurator.py), in the order a run meets it:
 options (parse_args, configure, config_from_options, --resume, check_options, check_resume), devices and dtypes, the
-non-finite guard, the cosine schedule, checkpoints and atomic writes, the random state, the output folder and the
-RESULT line."""
+non-finite guard, checkpoints and atomic writes, the output folder and the RESULT line (the schedules and the log
+records: test_dialect.py)."""
 
 import ast
 import glob
 import math
 import os
 import pickle
-import random
 import subprocess
 import sys
 from dataclasses import asdict
@@ -199,141 +198,9 @@ def test_check_finite_stops_on_nan():
         common.check_finite(float("nan"), 9, first_step=9)
 
 
-
-def test_cosine_schedule_warms_up_either_way_then_follows_a_half_cosine():
-    cosine = common.cosine_schedule
-    # DINO's warm-up begins at warmup_start; nanoGPT's (the ViT's, warmup_from=1) reaches the peak at step warmup - 1
-    assert [cosine(s, 100, 1.0, 0.0, warmup=4) for s in range(4)] == [0.0, 0.25, 0.5, 0.75]
-    assert [cosine(s, 100, 1.0, 0.0, warmup=4, warmup_from=1) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert all(cosine(s, 100, 3e-3, 1e-5, 7, warmup_from=1) == 3e-3 * (s + 1) / 7 for s in range(7))  # to the bit
-    # then a half cosine from start to end over the steps after the warm-up, and end after the last step
-    for s in (4, 30, 52, 77, 100, 150):
-        progress = min((s - 4) / 96, 1.0)
-        assert cosine(s, 100, 1.0, 0.1, warmup=4) == 0.1 + 0.5 * 0.9 * (1 + math.cos(math.pi * progress))
-    assert cosine(52, 100, 1.0, 0.0, warmup=4) == pytest.approx(0.5) and cosine(100, 100, 1.0, 0.1) == 0.1
-    assert cosine(10, 100, 0.07, 0.07, warmup=10, warmup_start=0.04) == 0.07  # start == end: constant after it
-
-
-def test_checkpoint_is_atomic_and_never_executes_code(tmp_path, monkeypatch):
-    path = str(tmp_path / "ckpt.pt")
-    common.save_checkpoint({"step": 1}, path)
-
-    def crash(*args, **kwargs):
-        raise RuntimeError("disk full")
-    monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(RuntimeError):
-        common.save_checkpoint({"step": 2}, path)
-    monkeypatch.undo()
-    assert common.load_checkpoint(path)["step"] == 1  # the old checkpoint survived
-    torch.save({"evil": Config()}, str(tmp_path / "evil.pt"))  # a pickled object, not plain data
-    with pytest.raises(common.UsageError, match="holds Python objects.*not loaded"):
-        common.load_checkpoint(str(tmp_path / "evil.pt"))
-
-    def refuse(*args, **kwargs):  # the refusal in other words: torch's texts change between versions
-        raise pickle.UnpicklingError("Weights only load failed: GLOBAL nanolap.Config is not allowed")
-    monkeypatch.setattr(torch, "load", refuse)
-    with pytest.raises(common.UsageError, match="holds Python objects.*not loaded"):
-        common.load_checkpoint(str(tmp_path / "evil.pt"))
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        common.load_checkpoint(str(tmp_path / "missing.pt"))
-
-
-def test_checkpoints_round_trip_plain_data(tmp_path, capsys):
-    """Also a checkpoint saved without the checksums that load_checkpoint verifies (torch.save can leave them out)."""
-    path = str(tmp_path / "ckpt.pt")
-    saved = {"step": 4, "model": {"w": torch.arange(6.0).view(2, 3)}, "rng": (3, [1, 2], None)}
-    common.save_checkpoint(saved, path)
-    ckpt = common.load_checkpoint(path)
-    assert sorted(ckpt) == ["model", "rng", "step"] and torch.equal(ckpt["model"]["w"], saved["model"]["w"])
-    assert capsys.readouterr().out == ""
-    crc = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(False)
-    try:
-        common.save_checkpoint(saved, path)
-    finally:
-        torch.serialization.set_crc32_options(crc)
-    assert torch.equal(common.load_checkpoint(path)["model"]["w"], saved["model"]["w"])
-
-
-def test_save_checkpoint_removes_temp_files_of_killed_saves(tmp_path):
-    (tmp_path / "ckpt.pt.tmp12345").write_bytes(b"")  # what a save killed mid-write leaves
-    common.save_checkpoint({"step": 3}, str(tmp_path / "ckpt.pt"))
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
-
-
-
-def test_atomic_write_writes_everything_or_nothing(tmp_path):
-    path = tmp_path / "sub" / "data.bin"
-    with common.atomic_write(str(path)) as f:  # makes the folder
-        f.write(b"first")
-    assert path.read_bytes() == b"first"
-    with pytest.raises(ValueError):
-        with common.atomic_write(str(path)) as f:
-            f.write(b"half of the second")
-            raise ValueError("the writer fails half-way")
-    assert path.read_bytes() == b"first" and os.listdir(path.parent) == ["data.bin"]  # old file, no temporary left
-
-
-def test_atomic_writes_of_two_processes_to_one_path_both_complete(tmp_path):
-    """Two runs that generate the same data at once: the second writer leaves the first one's temporary file alone."""
-    path = tmp_path / "data.bin"
-    with common.atomic_write(str(path)) as f:
-        f.write(b"first, still writing")
-        other = (f"import sys; sys.path.insert(0, {ROOT!r}); import common\n"
-                 f"with common.atomic_write({str(path)!r}) as f:\n    f.write(b'second')")
-        subprocess.run([sys.executable, "-c", other], check=True, timeout=60)
-        assert path.read_bytes() == b"second"
-    assert path.read_bytes() == b"first, still writing" and os.listdir(tmp_path) == ["data.bin"]
-
-
-@pytest.mark.parametrize("content, message", [
-    (b"", "cannot be read"),
-    (b"\x00\x01garbage" * 100, "cannot be read"),
-    ("truncated", "cannot be read"),
-])
-def test_damaged_checkpoints_fail_in_one_line_without_unsafe_advice(tmp_path, content, message):
-    path = tmp_path / "ckpt.pt"
-    if content == "truncated":
-        common.save_checkpoint({"model": torch.randn(1000)}, str(path))
-        content = path.read_bytes()[:2000]
-    path.write_bytes(content)
-    with pytest.raises(common.UsageError) as err:
-        common.load_checkpoint(str(path), "--resume: ")
-    text = str(err.value)
-    assert message in text and str(path) in text and "\n" not in text
-    assert "weights_only=False" not in text and "damaged or truncated" in text
-
-
 def test_clean_state_dict_strips_compile_and_ddp_prefixes():
     sd = {"module._orig_mod.blocks.0.x": 1, "_orig_mod.wte.weight": 2, "head.weight": 3}
     assert common.clean_state_dict(sd) == {"blocks.0.x": 1, "wte.weight": 2, "head.weight": 3}
-
-
-def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
-    state = common.rng_state()
-    a = (random.random(), torch.rand(3))
-    common.save_checkpoint({"rng": state}, str(tmp_path / "r.pt"))
-    common.set_rng_state(common.load_checkpoint(str(tmp_path / "r.pt"))["rng"])
-    b = (random.random(), torch.rand(3))
-    assert a[0] == b[0] and torch.equal(a[1], b[1])
-
-
-def test_the_random_state_holds_this_processs_own_gpu_only(monkeypatch):
-    """A checkpoint keeps the CUDA random state of its process's GPU alone: a resume with fewer (or other) visible GPUs
-    restores it (every GPU's state would not fit there)."""
-    saved = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": saved.append(state))
-
-    def every_gpu(*args, **kwargs):
-        raise AssertionError("the state of every visible GPU")
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", every_gpu)
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", every_gpu)
-    state = common.rng_state()
-    assert torch.equal(state["cuda"], torch.tensor([7], dtype=torch.uint8))
-    common.set_rng_state(state)
-    assert len(saved) == 1 and torch.equal(saved[0], state["cuda"])
 
 
 def test_prepare_out_dir_moves_an_earlier_run_aside_and_checks_writing(tmp_path, capsys):
