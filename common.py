@@ -32,7 +32,8 @@ class UsageError(ValueError):
 # ---- devices, dtype and processes
 def resolve_device(device):
     """'auto' = cuda, else mps, else cpu; 'cpu', 'cuda', 'cuda:N' and 'mps' are checked to exist."""
-    kind, has = device.split(":")[0], dict(cpu=True, cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available())
+    kind = device.split(":")[0]
+    has = dict(cpu=True, cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available())
     if device == "auto":
         return "cuda" if has["cuda"] else "mps" if has["mps"] else "cpu"
     if not has.get(kind, False):
@@ -336,14 +337,14 @@ class LogWindow:
     on the device and read on the host only by read() (at a progress line, before a checkpoint: a read waits for the
     GPU); and, on the host, the loss of the steps since the last log.jsonl record, which a checkpoint keeps."""
 
-    def __init__(self, device, record_loss=0.0, record_steps=0):
+    def __init__(self, device, ckpt=None):  # ckpt: a resumed run's checkpoint, whose record goes on
         self.device = device
         self.loss = torch.zeros((), device=device)
         self.norm = torch.zeros((), device=device)
         self.steps = 0
         self.start = time.time()
-        self.record_loss = record_loss  # the loss summed over the steps since the last record, and their number
-        self.record_steps = record_steps
+        self.record_loss = ckpt["record_loss"] if ckpt else 0.0  # the loss summed over the steps since the last
+        self.record_steps = ckpt["record_steps"] if ckpt else 0  # record, and their number
 
     def add(self, loss, grad_norm):
         self.loss += loss
@@ -380,6 +381,15 @@ def progress_line(step, max_iters, loss, lr, speed, unit, seconds_per_step, *fie
     eta = format_time((max_iters - step) * seconds_per_step)
     return " | ".join([f"step {step}/{max_iters}", f"loss {loss:.4f}", f"lr {lr:.2e}", f"{speed:,.0f} {unit}", *fields,
                        f"eta {eta}"])
+
+def keep_log_until(path, step):
+    """On --resume: the log keeps its records up to the checkpoint's step (later ones, and a line cut short, belong to
+    the steps the interrupted run loses)."""
+    with open(path, "a+") as f:  # a+: the file may not exist yet
+        f.seek(0)
+        kept = [line for line in f if line.endswith("}\n") and json.loads(line)["step"] <= step]
+        f.truncate(0)
+        f.writelines(kept)
 
 def log_record(path, record, keys):
     """An evaluation: print `eval step N: key value ...` with the record's own names for keys, and (first process)

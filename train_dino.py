@@ -121,7 +121,8 @@ class DINO(nn.Module):
     """Backbone + DINO head; each crop size goes through the backbone as one batch (DINO's MultiCropWrapper)."""
     def __init__(self, backbone, head):
         super().__init__()
-        self.backbone, self.head = backbone, head
+        self.backbone = backbone
+        self.head = head
     def forward(self, crops):  # list of (n_i * B, C, S_i, S_i) -> (sum n_i * B, out_dim)
         return self.head(torch.cat([self.backbone(x) for x in crops]))
 
@@ -144,7 +145,8 @@ def update_center(center, teacher_out, momentum, device="cpu"):
 @torch.no_grad()
 def ema_update(teacher, student, momentum):
     """teacher <- momentum * teacher + (1 - momentum) * student, parameter by parameter."""
-    t_params, s_params = list(teacher.parameters()), list(student.parameters())
+    t_params = list(teacher.parameters())
+    s_params = list(student.parameters())
     torch._foreach_mul_(t_params, momentum)
     torch._foreach_add_(t_params, s_params, alpha=1 - momentum)
 
@@ -194,7 +196,8 @@ def batch_indices(n, global_batch, step, seed, rank=0, world=1):
     """This process's image indices at `step`: epoch e visits a permutation seeded by (seed, e), so resume is exact."""
     epoch, i = divmod(step, n // global_batch)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(common.step_seed(seed, epoch)))
-    start, per_rank = i * global_batch + rank * (global_batch // world), global_batch // world
+    per_rank = global_batch // world
+    start = i * global_batch + rank * per_rank
     return perm[start:start + per_rank]
 
 def epoch_batches(x_train, subset, n, global_batch, step, seed, rank, world, num_workers=0, pin_memory=False):
@@ -340,6 +343,8 @@ if __name__ == "__main__":
         step = ckpt["step"]
         knn_init = ckpt.get("knn_acc_init")
         print0(f"resumed from {ckpt_path} at step {step}")
+        if master:
+            common.keep_log_until(log_path, step)
     teacher_backbone = teacher.backbone  # the probes read it uncompiled: each of their sizes would compile a graph
     if compile_model:  # a static graph per crop size (student: global, local; teacher: global), never recompiled
         student.backbone = torch.compile(student.backbone, dynamic=False)
@@ -350,11 +355,8 @@ if __name__ == "__main__":
 
     # ---- the loop: evaluate (and checkpoint) every eval_interval steps and at the last, else one optimizer step
     pixels_knn = probes.knn_eval(None, eval_sets, k=knn_k, temp=knn_temp, **probe) if master else None
-    t_start = time.time()
-    window = common.LogWindow(run_device)  # the steps since the last progress line, and since the last record
-    if ckpt is not None:  # a resumed run goes on with the clock and the record of the run it continues
-        t_start -= ckpt["seconds"]
-        window = common.LogWindow(run_device, ckpt["record_loss"], ckpt["record_steps"])
+    t_start = time.time() - (ckpt["seconds"] if ckpt else 0)  # a resumed run's seconds count its earlier pieces too
+    window = common.LogWindow(run_device, ckpt)  # the steps since the last progress line, and since the last record
     start_step = step
     batches = None
     knn_acc = None
@@ -390,7 +392,8 @@ if __name__ == "__main__":
                 ckpt_path)
         if last or stopped:
             break
-        window.start = time.time()  # evaluation and checkpoint time is not training time
+        if evaluating:
+            window.start = time.time()  # evaluation and checkpoint time is not training time
 
         # one optimizer step: the schedules are functions of the step
         epoch = step // steps_per_epoch

@@ -16,7 +16,6 @@ processes and micro-steps split it, so --resume continues exactly. Data: data/te
 """
 
 import inspect
-import json
 import math
 import os
 import time
@@ -278,7 +277,7 @@ if __name__ == "__main__":
     flops_per_step = raw_model.flops_per_token(block_size) * total
     peak_lr = matrix_lr if optimizer_name == "muon" else lr  # the rate that log.jsonl and the progress line show
 
-    # ---- output: the resolved options first; log.jsonl keeps only the evaluations up to the checkpoint
+    # ---- output: the resolved options first; a resumed log.jsonl keeps only the evaluations up to the checkpoint
     ckpt_path = os.path.join(out_dir, common.CHECKPOINT)
     log_path = os.path.join(out_dir, common.LOG)
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
@@ -292,18 +291,11 @@ if __name__ == "__main__":
            f"{common.DTYPE_WORDS[amp_dtype]}{', compiled' if compile_model else ''}")
     if master and ckpt is not None:
         print(f"resumed from {ckpt_path} at step {step}")
-        with open(log_path, "a+") as f:  # a+: the file may not exist yet
-            f.seek(0)
-            kept = [line for line in f if line.endswith("}\n") and json.loads(line)["step"] <= step]  # no cut line
-            f.truncate(0)
-            f.writelines(kept)
+        common.keep_log_until(log_path, step)
 
     # ---- the loop: evaluate (and checkpoint) every eval_interval steps and at the last, else one optimizer step
-    t_start = time.time()
-    window = common.LogWindow(run_device)  # the steps since the last progress line, and since the last record
-    if ckpt is not None:  # a resumed run goes on with the clock and the record of the run it continues
-        t_start -= ckpt["seconds"]
-        window = common.LogWindow(run_device, ckpt["record_loss"], ckpt["record_steps"])
+    t_start = time.time() - (ckpt["seconds"] if ckpt else 0)  # a resumed run's seconds count its earlier pieces too
+    window = common.LogWindow(run_device, ckpt)  # the steps since the last progress line, and since the last record
     start_step = step
     metrics = {}  # the last evaluation's
     while True:
@@ -334,7 +326,8 @@ if __name__ == "__main__":
                 best_val_loss=best_val_loss), ckpt_path)
         if last or stopped:
             break
-        window.start = time.time()  # evaluation and checkpoint time is not training time
+        if evaluating:
+            window.start = time.time()  # evaluation and checkpoint time is not training time
 
         # one optimizer step: learning rates and Muon momentum from the schedules, grad_accum micro-batches
         torch.manual_seed(common.step_seed(seed, step, rank))  # this step's dropout masks

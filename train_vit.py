@@ -9,10 +9,9 @@ Supervised ViTs with Laplacian heads, the DeiT-III recipe: the paper's first exp
     torchrun --nproc_per_node=8 train_vit.py config/vit_deit3_b.py --data_dir=/data/imagenet   # the paper
     python train_vit.py --resume                          # continue out_dir/ckpt.pt exactly where it stopped
 
-To reproduce a run on more processes keep the global batch (divide batch_size or grad_accum) and lr; for a larger
-global batch scale lr with it (DeiT: 5e-4 * global_batch / 512) and keep warmup in epochs. The data order and every
-random draw depend on (seed, epoch, step, chunk), never on how the global batch is split, so runs on 1 or N
-processes, and resumed runs, see the same images.
+To reproduce a run on more processes keep the global batch (divide batch_size or grad_accum) and lr; for a larger one
+scale lr with it (DeiT: 5e-4 * global_batch / 512) and keep warmup in epochs. The data order and every random draw
+depend on (seed, epoch, step, chunk), never on how the global batch is split: 1 or N processes see the same images.
 """
 
 import os
@@ -93,7 +92,6 @@ seed = 0  # initial weights, data order, augmentation and drop-path all follow f
 
 # ----------------------------------------------------------------------------- helpers
 
-
 def augment_batch(x, y, img_size, mean, std, mixer=None, geometric=True, crop_padding=0, hflip=False, rand_augment=0,
                   rand_magnitude=9, three_augment=False, color_jitter=0.3, random_erasing=0.0):
     """uint8 images (B, C, H, W) on the device -> normalised float images at img_size and targets: class
@@ -115,7 +113,6 @@ def augment_batch(x, y, img_size, mean, std, mixer=None, geometric=True, crop_pa
         x = augment.random_erasing(x, random_erasing)
     return x, y
 
-
 def compute_loss(logits, y, label_smoothing=0.0, bce=False):
     """Cross-entropy (or DeiT-III's binary cross-entropy) with label smoothing. y: class indices (B,)
     or soft targets (B, K) from mixup/cutmix. The smoothed mix is timm's mixup_target, which the first author's
@@ -131,7 +128,6 @@ def compute_loss(logits, y, label_smoothing=0.0, bce=False):
         return F.binary_cross_entropy_with_logits(logits, t)
     return -(t * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
-
 def build_optimizers(model, lr, weight_decay, betas, device):
     """[AdamW] with weight decay on weight matrices only, as in DeiT (not on biases, norms, the position embedding or
     the CLS token); the fused kernel: one pass over all parameters instead of a loop over them."""
@@ -142,7 +138,6 @@ def build_optimizers(model, lr, weight_decay, betas, device):
     groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
     return [torch.optim.AdamW(groups, lr=lr, betas=betas, fused=torch.device(device).type in ("cuda", "cpu"))]
 
-
 def get_lr(step):
     """The learning rate of optimizer step `step`, nanoGPT's get_lr: a linear warm-up whose step s trains at
     (s + 1) / warmup_iters of lr, then a half cosine from lr down to min_lr at max_iters. Like nanoGPT's it reads
@@ -150,7 +145,6 @@ def get_lr(step):
     if step < warmup_iters:
         return lr * (step + 1) / warmup_iters
     return common.cosine_schedule(step - warmup_iters, max_iters - warmup_iters, lr, min_lr)
-
 
 def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_accum, rank, world, seed, device,
                   num_workers=0):
@@ -176,12 +170,12 @@ def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_acc
     for x, y in loader:
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
-
 def val_batches(data, batch_size, rank, world, device, num_workers=0):
     """This process's contiguous shard of the validation set, unaugmented (data as in train_batches)."""
     in_memory = isinstance(data, tuple)
     n = len(data[1]) if in_memory else len(data)
-    lo, hi = rank * n // world, (rank + 1) * n // world
+    lo = rank * n // world
+    hi = (rank + 1) * n // world
     if in_memory:
         for i in range(lo, hi, batch_size):
             yield data[0][i:min(i + batch_size, hi)], data[1][i:min(i + batch_size, hi)]
@@ -190,7 +184,6 @@ def val_batches(data, batch_size, rank, world, device, num_workers=0):
                                          num_workers=num_workers, pin_memory=str(device).startswith("cuda"))
     for x, y in loader:
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
 
 @torch.no_grad()
 def evaluate(model, batches, img_size, mean, std, ctx=nullcontext(), world=1):
@@ -323,13 +316,12 @@ if __name__ == "__main__":
     print0(f"schedule: global batch {global_batch} = {batch_size} x {grad_accum} accum x {world} process(es), "
            f"{steps_per_epoch} steps/epoch, {epochs} epochs = {max_iters} steps, warmup {warmup_iters}, "
            f"adamw lr {lr:g}" + (f"; resuming at step {step}" if ckpt else ""))
+    if master and ckpt is not None:
+        common.keep_log_until(log_path, step)
 
     # ---- the loop: evaluate (and checkpoint) every eval_interval steps and at the last, else one optimizer step
-    t_start = time.time()
-    window = common.LogWindow(run_device)  # the steps since the last progress line, and since the last record
-    if ckpt is not None:  # a resumed run goes on with the clock and the record of the run it continues
-        t_start -= ckpt["seconds"]
-        window = common.LogWindow(run_device, ckpt["record_loss"], ckpt["record_steps"])
+    t_start = time.time() - (ckpt["seconds"] if ckpt else 0)  # a resumed run's seconds count its earlier pieces too
+    window = common.LogWindow(run_device, ckpt)  # the steps since the last progress line, and since the last record
     start_step = step
     batches = None
     data_time = 0.0  # of the steps since the last progress line
@@ -362,7 +354,8 @@ if __name__ == "__main__":
                 os.path.join(out_dir, common.CHECKPOINT))
         if last or stopped:
             break
-        window.start = time.time()  # evaluation and checkpoint time is not training time
+        if evaluating:
+            window.start = time.time()  # evaluation and checkpoint time is not training time
 
         # one optimizer step: the learning rate from get_lr, grad_accum micro-batches
         epoch, step_in_epoch = divmod(step, steps_per_epoch)

@@ -102,3 +102,13 @@ def test_cosine_schedule_runs_from_start_to_end():
     cosine = common.cosine_schedule
     assert cosine(0, 100, 1.0, 0.1) == 1.0 and cosine(100, 100, 1.0, 0.1) == 0.1 and cosine(150, 100, 1.0, 0.1) == 0.1
     assert cosine(50, 100, 1.0, 0.0) == pytest.approx(0.5)
+
+
+def test_a_resumed_log_keeps_the_records_up_to_the_checkpoint(tmp_path):
+    """Every script on --resume: records after the checkpoint's step, and a line cut short, go (they are re-made)."""
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"step": 0}\n{"step": 4}\n{"step": 8}\n{"step": 9, "val_lo')
+    common.keep_log_until(path, 4)
+    assert path.read_text() == '{"step": 0}\n{"step": 4}\n'
+    common.keep_log_until(tmp_path / "new.jsonl", 4)  # a run that has not logged yet
+    assert (tmp_path / "new.jsonl").read_text() == ""
