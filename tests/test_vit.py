@@ -447,10 +447,10 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(tmp_path):
     out = tmp_path / "nan"
     run(SCRIPT, *HEAVY, f"--out_dir={out}", "--stop_at_step=5", check=True)
     ckpt_bytes = open(out / "ckpt.pt", "rb").read()
-    # an infinite learning rate (1e999 is a float literal for inf) wrecks the weights in one step; the progress line
-    # after it finds them (that step's loss, computed before the update, is finite)
+    # an infinite learning rate (1e999 is a float literal for inf) wrecks the weights in step 5, whose loss, computed
+    # before the update, is finite: the next step's loss is not, and the progress line after it stops the run
     p = run(SCRIPT, f"--out_dir={out}", "--resume", "--lr=1e999")
-    assert p.returncode != 0 and "error: non-finite weights after step 5" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode != 0 and "error: non-finite loss nan at step 6" in p.stderr and "Traceback" not in p.stderr
     assert open(out / "ckpt.pt", "rb").read() == ckpt_bytes, "the last good checkpoint must survive"
 
 
