@@ -315,7 +315,7 @@ if __name__ == "__main__":
             best_val_loss = min(best_val_loss, metrics["val_loss"])
             common.log_record(log_path, dict(
                 step=step, lr=peak_lr * get_lr_multiplier(step), train_loss=window.train_loss(),
-                seconds=round(time.time() - t_start, 2), **metrics, tokens=step * total, machine=machine,
+                seconds=round(time.time() - t_start, 1), **metrics, tokens=step * total, machine=machine,
                 corpus=corpus), keys=("train_loss", "val_loss", "val_bpb"))
         if master and step > start_step and (evaluating or stopped):
             common.save_checkpoint(dict(
