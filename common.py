@@ -10,7 +10,6 @@ import math
 import os
 import pickle
 import platform
-import random
 import re
 import subprocess
 import sys
@@ -33,7 +32,8 @@ class UsageError(ValueError):
 # ---- devices, dtype and processes
 def resolve_device(device):
     """'auto' = cuda, else mps, else cpu; 'cpu', 'cuda', 'cuda:N' and 'mps' are checked to exist."""
-    kind, has = device.split(":")[0], dict(cpu=True, cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available())
+    kind = device.split(":")[0]
+    has = dict(cpu=True, cuda=torch.cuda.is_available(), mps=torch.backends.mps.is_available())
     if device == "auto":
         return "cuda" if has["cuda"] else "mps" if has["mps"] else "cpu"
     if not has.get(kind, False):
@@ -90,9 +90,9 @@ def gloo_environment():
 
 def teardown_distributed():
     """The end of a run's process group: every process leaves it together, and all but the first, which have nothing
-    left to do, end here without Python's finalisation. A DDP model keeps gloo's threads alive past the group, and as
-    Python finalises they abort such a process now and then ('terminate called without an active exception': 4 of 32
-    resumed 2-process tiny GPT runs), after which torchrun kills the first process, perhaps while it writes."""
+    left to do, end here without Python's finalisation: a DDP model keeps gloo's threads alive past the group, which
+    may abort a finalising process ('terminate called without an active exception'), and torchrun then kills the
+    first one, perhaps while it writes."""
     if not dist.is_initialized():
         return
     dist.barrier()
@@ -203,28 +203,15 @@ def cpu_model_name():
     return platform.processor() or platform.machine() or "unknown CPU"
 
 # ---- seeds and schedules: everything random in a step is a function of (seed, step, ...), so a resume is exact
+# and a checkpoint holds no random state
 def step_seed(*parts):
     """A seed from ints, e.g. (seed, step, rank): Python hashes int tuples alike in every process and run."""
     return hash(tuple(parts)) & 0x7FFF_FFFF_FFFF_FFFF
 
-def rng_state():
-    """This process's random state: Python's, the CPU's and its own GPU's (a resume may see fewer or other GPUs)."""
-    cuda = {"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {}
-    return {"python": random.getstate(), "torch": torch.get_rng_state(), **cuda}
-
-def set_rng_state(state):
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-def cosine_schedule(step, total, start, end, warmup=0, warmup_start=0.0, warmup_from=0):
-    """A linear warm-up from warmup_start to start over the first `warmup` steps, then a half cosine from start to end
-    at step `total` (and end after it); start == end: a warm-up, then constant. Warm-up step s is (s + warmup_from) /
-    warmup of the way: warmup_from 0 begins at warmup_start (DINO), 1 ends on start at step warmup - 1 (nanoGPT)."""
-    if step < warmup:
-        return warmup_start + (start - warmup_start) * (step + warmup_from) / warmup
-    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+def cosine_schedule(step, total, start, end):
+    """start at step 0, then a half cosine to end at step `total` (and end after it). The scripts' get_lr puts a
+    linear warm-up before it."""
+    progress = min(step / max(total, 1), 1.0)
     return end + 0.5 * (start - end) * (1 + math.cos(math.pi * progress))
 
 # ---- checkpoints and run folders
@@ -340,8 +327,78 @@ def prepare_out_dir(out_dir, resume):
 
 # ---- logs, errors and the RESULT line
 def append_jsonl(path, record):
+    """Append record to the log as one line of strict JSON: a number that is not finite (NaN, inf) is written null."""
+    record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
     with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(record, allow_nan=False) + "\n")
+
+class LogWindow:
+    """The steps since the last progress line, as every loop adds them up: each step's loss and gradient norm, summed
+    on the device and read on the host only by read() (at a progress line, before a checkpoint: a read waits for the
+    GPU); and, on the host, the loss of the steps since the last log.jsonl record, which a checkpoint keeps."""
+
+    def __init__(self, device, ckpt=None):  # ckpt: a resumed run's checkpoint, whose record goes on
+        self.device = device
+        self.loss = torch.zeros((), device=device)
+        self.norm = torch.zeros((), device=device)
+        self.steps = 0
+        self.start = time.time()
+        self.record_loss = ckpt["record_loss"] if ckpt else 0.0  # the loss summed over the steps since the last
+        self.record_steps = ckpt["record_steps"] if ckpt else 0  # record, and their number
+
+    def add(self, loss, grad_norm):
+        self.loss += loss
+        self.norm += grad_norm
+        self.steps += 1
+
+    def read(self, step):
+        """Close the window at `step`: its sums, averaged over the processes, must be finite, and its steps join the
+        record. Returns the window's mean loss and seconds per step; a new window starts."""
+        loss, norm = all_reduce_mean(torch.stack([self.loss, self.norm]), self.device).tolist()
+        check_finite(loss, step - 1, first_step=step - self.steps)
+        check_finite(norm, step - 1, first_step=step - self.steps, what="gradient norm")
+        steps = max(self.steps, 1)
+        seconds = time.time() - self.start
+        self.record_loss += loss
+        self.record_steps += self.steps
+        self.loss.zero_()
+        self.norm.zero_()
+        self.steps = 0
+        self.start = time.time()
+        return loss / steps, seconds / steps
+
+    def train_loss(self):
+        """The mean loss of the steps since the last record (None before any step); the next record starts here."""
+        mean = self.record_loss / self.record_steps if self.record_steps else None
+        self.record_loss = 0.0
+        self.record_steps = 0
+        return mean
+
+def progress_line(step, max_iters, loss, lr, speed, unit, seconds_per_step, *fields):
+    """The progress line of every script: the step, the mean training loss of the steps since the last line, the
+    learning rate, the speed, the script's own fields, and the ETA: the steps left at this window's seconds per step
+    (training time: evaluations are not counted)."""
+    eta = format_time((max_iters - step) * seconds_per_step)
+    return " | ".join([f"step {step}/{max_iters}", f"loss {loss:.4f}", f"lr {lr:.2e}", f"{speed:,.0f} {unit}", *fields,
+                       f"eta {eta}"])
+
+def keep_log_until(path, step):
+    """On --resume: the log keeps its records up to the checkpoint's step (later ones, and a line cut short, belong to
+    the steps the interrupted run loses)."""
+    with open(path, "a+") as f:  # a+: the file may not exist yet
+        f.seek(0)
+        kept = [line for line in f if line.endswith("}\n") and json.loads(line)["step"] <= step]
+        f.truncate(0)
+        f.writelines(kept)
+
+def log_record(path, record, keys):
+    """An evaluation: print `eval step N: key value ...` with the record's own names for keys, and (first process)
+    append the record to log.jsonl. Every record begins with the same keys: step, lr, train_loss (the mean training
+    loss of the steps since the previous record; null at a run's first) and seconds (since the run began)."""
+    words = [f"{k} {record[k]:.4f}" for k in keys if isinstance(record.get(k), float)]
+    print0(f"eval step {record['step']}: " + " ".join(words))
+    if int(os.environ.get("RANK", 0)) == 0:
+        append_jsonl(path, record)
 
 def write_result(out_dir, **values):
     """Print the run's last line `RESULT key=value ...` (floats: 4 decimals, lists: no spaces), kept in result.txt."""

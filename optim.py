@@ -1,6 +1,6 @@
 """What the training scripts need beyond torch's own optimizers, as nanochat keeps it beside its model: Muon, the GPT's
-optimizer for the matrices of its blocks, and the optimizer step that unscales float16 gradients, clips them and steps
-every optimizer of a run.
+optimizer for the matrices of its blocks, and the optimizer step of every script, which unscales float16 gradients,
+clips them and steps every optimizer of a run.
 """
 
 import math
@@ -95,16 +95,21 @@ class Muon(torch.optim.Optimizer):
                 handle.wait()
 
 
-def optimizer_step(optimizers, scaler, params, grad_clip):
-    """Clip the gradients of params (those of every optimizer), step every optimizer and return the gradient norm,
-    unread: reading a number waits for the GPU, so the scripts add it up on the device and check it at their progress
-    lines and before each checkpoint (common.check_finite). With float16 the loss was scaled (a GradScaler): every
-    optimizer's gradients are unscaled first (the clip needs their true norm), and an overflow in any of them skips
-    every optimizer, decided on the device; the scale is then updated once. Such an overflow is the scaler's to
-    handle, and the norm returned is 0."""
+def optimizer_step(optimizers, scaler, params, grad_clip=0.0, clip_grad=0.0):
+    """The one optimizer step of every script: clip the gradients of params (those of every optimizer), step every
+    optimizer and return the global gradient norm, unread: reading a number waits for the GPU, so the scripts add it up
+    on the device and check it at their progress lines and before each checkpoint (common.check_finite). Two clipping
+    rules, each under its anchor's name: grad_clip, the global norm (nanoGPT, nanochat); clip_grad, each parameter's
+    own norm (DINO); 0 = off. With float16 the loss was scaled (a GradScaler): every optimizer's gradients are unscaled
+    first (the clip needs their true norm), and an overflow in any of them skips every optimizer, decided on the
+    device; the scale is then updated once. Such an overflow is the scaler's to handle, and the norm returned is 0.
+    The scripts zero the gradients right after it."""
     for optimizer in optimizers:
         scaler.unscale_(optimizer)
+    params = [p for p in params if p.grad is not None]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf)
+    if clip_grad:
+        clip_each_gradient(params, clip_grad)
     if not scaler.is_enabled():
         for optimizer in optimizers:
             optimizer.step()
@@ -119,3 +124,22 @@ def optimizer_step(optimizers, scaler, params, grad_clip):
         del optimizer.found_inf
     scaler.update()  # a lower scale after an overflow
     return torch.zeros_like(grad_norm)
+
+
+def clip_each_gradient(params, clip):
+    """DINO's clip_grad: every parameter's gradient to norm `clip` separately (not one global norm),
+    g *= min(1, clip / (|g| + 1e-6)). All norms and factors at once (foreach ops), never read on the host."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:  # the model lives on one device in one dtype, so one stack holds every norm
+        factors = torch.clamp(clip / (torch.stack(torch._foreach_norm(grads)) + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, list(factors.unbind()))
+
+
+def load_optimizer_states(optimizers, states):
+    """A checkpoint's optimizer states, one per optimizer in order: the moments and step counts from the checkpoint,
+    the hyperparameters (betas, weight decay, peak rates) from this run's options, identical unless changed on --resume."""
+    for optimizer, state in zip(optimizers, states, strict=True):
+        hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+        optimizer.load_state_dict(state)
+        for group, h in zip(optimizer.param_groups, hyper):
+            group.update(h)

@@ -7,31 +7,18 @@ DINO: self-supervised ViTs with Laplacian heads, from a laptop CPU to many GPUs.
     python train_dino.py --eval_only=out-dino/ckpt.pt      # k-NN, linear and segmentation probes of a checkpoint
     torchrun --standalone --nproc_per_node=8 train_dino.py config/dino_vits16_imagenet.py --data_dir=/imagenet
 
-DINO (Caron et al. 2021, facebookresearch/dino) in five lines: a student ViT sees 2 global and several small
-local crops of each image; a teacher ViT, an exponential moving average of the student, sees only the 2 global
-crops; the student learns to predict the teacher's softmax over out_dim prototypes (cross-entropy between every
-teacher view and every other student view). Centring the teacher's outputs (a running mean is subtracted) and
-sharpening them (a low temperature) pull in opposite directions; together they keep the networks from collapsing.
+DINO (Caron et al. 2021, facebookresearch/dino): a student ViT sees 2 global and several local crops of each image; a
+teacher, an exponential moving average of the student, sees the global crops; the student learns to predict the
+teacher's softmax over out_dim prototypes. Centring and sharpening the teacher's outputs keep both from collapsing.
+Probes of the frozen teacher backbone (probes.py), against the raw pixels: k-NN at every evaluation; at the end a
+linear probe and a linear segmentation probe (mIoU) on generated scenes or Oxford-IIIT Pets.
 
-Evaluation of the frozen teacher backbone (probes.py), against the raw pixels (knn_acc_pixels, ...): weighted k-NN on
-CLS features (DINO's eval_knn.py) at step 0 and every eval_interval steps; at the end a linear probe on the CLS tokens
-of the last blocks and a linear segmentation probe (mIoU) on patch tokens of generated scenes or Oxford-IIIT Pets.
-
-The progress line: loss (DINO's cross-entropy); this step's lr, wd (weight decay), mom (teacher EMA momentum) and
-t_temp (teacher temperature); t_std, the std of the teacher's outputs across images (near 0: collapse, warned), and
-t_ent, their softmax entropy / ln(out_dim) (0: one-hot, 1: uniform). A step's loss is at least t_ent * ln(out_dim):
-it rises early (e.g. 1.7 -> 5.5) as t_temp warms up and centring spreads the teacher's targets, not a divergence.
-Judge progress by knn_acc at the eval lines; trouble is a NaN loss, t_std falling to 0 or t_ent stuck near 0 or 1.
-
-Where this differs from facebookresearch/dino, and why:
-  - Multi-crop runs batched on the device (data/augment.py, torchvision's kernels), seeded by (seed, step,
-    rank): per-image torchvision costs more than the model on a small CPU, and the seed makes resume exact.
-    Crop boxes are continuous (clamped, not rejection-sampled); imagefolder images are first resized to squares.
-  - Schedules are functions of the step and epochs may be fractional: short CPU runs get real warm-ups.
-  - The linear probe trains on cached features without augmentation (DINO: 100 epochs with crops).
-  - The CPU default departs from DINO's ViT-S where short runs on 28 px images do better (see the comments);
-    config/dino_vits16_imagenet.py keeps DINO's values. On a CPU, plain `python` trains in --cpu_procs processes
-    (torchrun starts them).
+The progress line adds wd, mom (teacher EMA momentum), t_temp (teacher temperature), t_std (the teacher's output std
+across images; near 0: collapse, warned) and t_ent (its softmax entropy / ln(out_dim)). The loss rises early while
+t_temp warms up, which is no divergence: judge progress by knn_acc. Unlike facebookresearch/dino, the crops are cut
+batched on the device and schedules are functions of the step (fractional epochs: short CPU runs get real warm-ups).
+The CPU default departs from DINO's ViT-S where short runs on 28 px images do better (see the comments);
+config/dino_vits16_imagenet.py keeps DINO's values.
 """
 
 import math
@@ -41,7 +28,6 @@ import time
 from dataclasses import asdict, replace
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -52,16 +38,16 @@ import nanolap
 import probes
 from common import UsageError, print0
 from data import augment, folders, images
+from optim import load_optimizer_states, optimizer_step
 
 # ---------------------------------------------------------------- defaults: the CPU default (Fashion-MNIST, 2 cores)
 # I/O
 out_dir = "out-dino"  # ckpt.pt, log.jsonl (one line per evaluation) and result.txt go here
-eval_interval = 500  # steps between k-NN evaluations and checkpoints; lower it to lose less to an interruption
+eval_interval = 500  # steps between k-NN evaluations and checkpoints (also at step 0 and the last)
 log_interval = 50  # steps between progress lines
 eval_only = ""  # a checkpoint (any nanolap ViT): run the probes on its backbone, print RESULT, exit
-resume = False  # continue out_dir/ckpt.pt exactly where it stopped (with the same number of processes)
+resume = False  # continue out_dir/ckpt.pt exactly where it stopped (with the same processes and batch_size)
 stop_at_step = 0  # stop with a checkpoint after this step, as if interrupted (the schedule still spans the whole run); 0 = never
-seed = 0  # initial weights, data order, crops and drop path all follow from it
 # data
 dataset = "fashion_mnist"  # fashion_mnist | cifar10 | cifar100 | scenes | synthetic | imagefolder (data_dir/train, /val)
 data_dir = "data"  # where the datasets live (downloads go here)
@@ -100,21 +86,22 @@ jitter_p = 0.8  # probability of colour jitter per crop
 grayscale_p = 0.2  # probability of a grey crop (RGB only)
 blur_sigma = [0.1, 0.5]  # Gaussian blur sigma range in pixels (DINO: 0.1-2 at 224 px; scale it with the image)
 solarize_p = 0.2  # solarisation probability of the second global crop
-# optimisation (lengths in epochs, fractions allowed)
+# optimization (lengths in epochs, fractions allowed)
 epochs = 6.0  # the schedules span them; a quarter of an hour on 2 cores
-batch_size = 64  # images per step, summed over processes
-lr = 0.002  # peak lr for batch 256, scaled linearly with batch_size (DINO ViT-S: 0.0005; small models take more)
+batch_size = 64  # images per process (DINO's batch_size_per_gpu); the global batch, batch_size * processes, is printed
+lr = 0.0005  # peak learning rate at the global batch, as given: scale it yourself (DINO: 0.0005 x global batch / 256)
 min_lr = 1e-6  # learning rate at the end of the cosine
 warmup_epochs = 0.05  # linear learning-rate warm-up (DINO: 10 of 100 epochs)
 weight_decay = 0.04  # weight decay at step 0, cosine to weight_decay_end (DINO)
 weight_decay_end = 0.4  # weight decay at the end (DINO)
-grad_clip = 3.0  # clip each parameter's gradient norm to this (DINO's clip_grad); 0 = off
+clip_grad = 3.0  # clip each parameter's gradient norm to this (DINO's rule and name); 0 = off
 freeze_last_layer = 0.0  # epochs in which the head's last layer is not updated (DINO: 1); short runs lose more than gain
 # system
 device = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps
 dtype = "auto"  # auto: bfloat16 on GPUs from Ampere on, float16 (GradScaler) on older ones, float32 on CPU/MPS
 compile_model = False  # torch.compile the backbones: faster steps on a GPU after a slow first one
 cpu_procs = 2  # on a CPU without torchrun: this many single-threaded data-parallel processes (beat threads); 1 = one
+seed = 0  # initial weights, data order, crops and drop path all follow from it
 # evaluation
 eval_train = 10000  # labelled train images for the k-NN bank and the linear probe; 0 = all
 eval_val = 5000  # val images for k-NN and linear accuracy; 0 = all
@@ -134,7 +121,8 @@ class DINO(nn.Module):
     """Backbone + DINO head; each crop size goes through the backbone as one batch (DINO's MultiCropWrapper)."""
     def __init__(self, backbone, head):
         super().__init__()
-        self.backbone, self.head = backbone, head
+        self.backbone = backbone
+        self.head = head
     def forward(self, crops):  # list of (n_i * B, C, S_i, S_i) -> (sum n_i * B, out_dim)
         return self.head(torch.cat([self.backbone(x) for x in crops]))
 
@@ -157,25 +145,35 @@ def update_center(center, teacher_out, momentum, device="cpu"):
 @torch.no_grad()
 def ema_update(teacher, student, momentum):
     """teacher <- momentum * teacher + (1 - momentum) * student, parameter by parameter."""
-    t_params, s_params = list(teacher.parameters()), list(student.parameters())
+    t_params = list(teacher.parameters())
+    s_params = list(student.parameters())
     torch._foreach_mul_(t_params, momentum)
     torch._foreach_add_(t_params, s_params, alpha=1 - momentum)
 
-def param_groups(model):
-    """DINO: weight decay on weights, none on biases and 1-d parameters (norms, LayerScale)."""
+def build_optimizers(model, device_type):
+    """[AdamW] as DINO builds it: weight decay on weights, none on biases and 1-d parameters (norms, LayerScale); the
+    learning rate and the weight decay are set at every step from the schedules."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if name.endswith(".bias") or p.ndim == 1 else decay).append(p)
-    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [torch.optim.AdamW(groups, lr=0.0, fused=device_type in ("cuda", "cpu"))]
 
-def clip_gradients(model, clip):
-    """DINO clips every parameter's gradient to norm `clip` separately (not one global norm):
-    g *= min(1, clip / (|g| + 1e-6)). All norms and factors at once (foreach ops), never read on the host."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if grads:  # the model lives on one device in one dtype, so one stack holds every norm
-        factors = torch.clamp(clip / (torch.stack(torch._foreach_norm(grads)) + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, list(factors.unbind()))
+def get_lr(step):
+    """The learning rate of optimizer step `step`: a linear warm-up, then a half cosine from lr down to min_lr at
+    max_iters. DINO's warm-up starts from 0 at step 0 (its cosine_scheduler), one step behind the ViT's and the GPT's
+    (nanoGPT's); kept, as the committed runs trained with it. Like nanoGPT's get_lr it reads module globals: the
+    options and the run's warmup_iters and max_iters."""
+    if step < warmup_iters:
+        return lr * step / warmup_iters
+    return common.cosine_schedule(step - warmup_iters, max_iters - warmup_iters, lr, min_lr)
+
+def get_teacher_temp(step):
+    """DINO's teacher temperature: linear from warmup_teacher_temp at step 0 to teacher_temp, then constant."""
+    if step < temp_warmup_iters:
+        return warmup_teacher_temp + (teacher_temp - warmup_teacher_temp) * step / temp_warmup_iters
+    return teacher_temp
 
 def cancel_last_layer_grads(head, epoch, freeze_epochs):
     """In the first freeze_epochs epochs the head's last layer gets no update (its gradient is dropped)."""
@@ -194,18 +192,19 @@ def teacher_stats(teacher_out, center, temp):
 
 # ---------------------------------------------------------------- helpers: data
 
-def batch_indices(n, batch_size, step, seed, rank=0, world=1):
+def batch_indices(n, global_batch, step, seed, rank=0, world=1):
     """This process's image indices at `step`: epoch e visits a permutation seeded by (seed, e), so resume is exact."""
-    epoch, i = divmod(step, n // batch_size)
+    epoch, i = divmod(step, n // global_batch)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(common.step_seed(seed, epoch)))
-    start, per_rank = i * batch_size + rank * (batch_size // world), batch_size // world
+    per_rank = global_batch // world
+    start = i * global_batch + rank * per_rank
     return perm[start:start + per_rank]
 
-def epoch_batches(x_train, subset, n, batch_size, step, seed, rank, world, num_workers=0, pin_memory=False):
+def epoch_batches(x_train, subset, n, global_batch, step, seed, rank, world, num_workers=0, pin_memory=False):
     """This process's uint8 image batches from `step` to the end of its epoch: indexed from a tensor, or
     decoded by DataLoader workers from an ImageFolder. subset: the train_subset images (None = all)."""
-    last = (step // (n // batch_size) + 1) * (n // batch_size)
-    idx = (batch_indices(n, batch_size, s, seed=seed, rank=rank, world=world) for s in range(step, last))
+    last = (step // (n // global_batch) + 1) * (n // global_batch)
+    idx = (batch_indices(n, global_batch, s, seed=seed, rank=rank, world=world) for s in range(step, last))
     idx = (i if subset is None else subset[i] for i in idx)
     if isinstance(x_train, torch.Tensor):  # pinned on CUDA: a copy from pageable memory would wait for the GPU
         return (x_train[i].pin_memory() if pin_memory else x_train[i] for i in idx)
@@ -229,7 +228,7 @@ if __name__ == "__main__":
         1: ("batch_size", "out_dim", "head_hidden", "head_bottleneck", "global_size", "local_size", "eval_interval",
             "log_interval", "knn_k", "probe_steps", "linear_blocks", "cpu_procs"),
         0: ("local_crops", "train_subset", "eval_train", "eval_val", "seg_train", "seg_val", "warmup_epochs",
-            "freeze_last_layer", "weight_decay", "weight_decay_end", "grad_clip", "min_lr", "stop_at_step")},
+            "freeze_last_layer", "weight_decay", "weight_decay_end", "clip_grad", "min_lr", "stop_at_step")},
         above_zero=("epochs", "lr", "student_temp", "teacher_temp", "warmup_teacher_temp", "knn_temp"),
         fractions=("momentum_teacher", "center_momentum", "jitter_p", "grayscale_p", "solarize_p", "holdout"),
         choices=dict(dataset=images.DATASETS + ("imagefolder",), seg_dataset=("scenes", "pets", "none")))
@@ -274,8 +273,6 @@ if __name__ == "__main__":
     x_train = data["train"] if dataset == "imagefolder" else data["train"][0]
     n_train = min(len(x_train), train_subset) if train_subset else len(x_train)
     subset = images.fixed_subset(len(x_train), train_subset) if train_subset else None
-    if batch_size > n_train:
-        raise UsageError(f"--batch_size={batch_size} is larger than the {n_train} training images")
     in_chans = 3 if dataset == "imagefolder" else x_train.shape[1]
     model_config = configurator.config_from_options(config, "vit", img_size=global_size, in_chans=in_chans,
                                                     num_classes=0)
@@ -284,17 +281,19 @@ if __name__ == "__main__":
         if config[key] % model_config.patch_size:
             raise UsageError(f"--{key}={config[key]} is not a multiple of the patch size {model_config.patch_size}")
     procs = int(os.environ.get("WORLD_SIZE", cpu_procs if common.resolve_device(device) == "cpu" else 1))
-    if batch_size % procs:
-        raise UsageError(f"--batch_size={batch_size} is not divisible by the {procs} processes")
-    if ckpt is not None and ckpt.get("kind") == "dino" and len(ckpt["rng"]) != procs:  # each one's RNG is saved
-        raise UsageError(f"--resume: {out_dir}/ckpt.pt was written by {len(ckpt['rng'])} process(es), this run has "
-                         f"{procs}; resume with as many (--cpu_procs=N on a CPU, or torchrun --nproc_per_node=N)")
-    steps_per_epoch = n_train // batch_size
+    global_batch = batch_size * procs
+    if global_batch > n_train:
+        raise UsageError(f"the global batch ({global_batch} = batch_size x {procs} processes) is larger than the "
+                         f"{n_train} training images; lower --batch_size")
+    steps_per_epoch = n_train // global_batch
+    if ckpt is not None and ckpt.get("steps_per_epoch", steps_per_epoch) != steps_per_epoch:
+        raise UsageError(f"--resume: the checkpoint has {ckpt['steps_per_epoch']} steps per epoch, this run "
+                         f"{steps_per_epoch}; keep batch_size and the processes (--cpu_procs, torchrun's) the same")
     max_iters = max(1, round(epochs * steps_per_epoch))
     if ckpt is not None and ckpt["step"] >= max_iters:  # leave a finished run as it is
         configurator.finished_run(out_dir, ckpt["step"], max_iters, "epochs")
     rank, local_rank, world, run_device = common.start_processes(
-        out_dir, resume, device, oom_advice=f"in the run {out_dir} at {batch_size} images per step, "
+        out_dir, resume, device, oom_advice=f"in the run {out_dir} at {batch_size} images per process, "
         f"{2 + local_crops} crops each: lower --batch_size or --local_crops (no gradient accumulation here)")
     master = rank == 0
     device_type = run_device.split(":")[0]
@@ -320,151 +319,137 @@ if __name__ == "__main__":
     center = torch.zeros(1, out_dim, device=run_device)
     print0(f"backbone: {model_config.n_layer} layers, {model_config.n_head} heads, {model_config.n_lap_per_layer()} "
            f"Laplacian, d={model_config.n_embd}, patch {model_config.patch_size}, {student.backbone.num_params():,} params; "
-           f"DINO head with {out_dim} prototypes; {n_train} images, {max_iters} steps; "
+           f"DINO head with {out_dim} prototypes; {n_train} images, {max_iters} steps of a global batch {global_batch} "
+           f"= {batch_size} x {world} process(es); "
            + (f"{local_crops} local crops" if local_crops else "no local crops")
            + f"; {run_device}, {common.DTYPE_WORDS[amp_dtype]}")
 
     # ---- optimizer (and the state of a resumed run)
-    optimizer = torch.optim.AdamW(param_groups(student), lr=0.0, fused=device_type in ("cuda", "cpu"))
+    optimizers = build_optimizers(student, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
     ckpt_path = os.path.join(out_dir, common.CHECKPOINT)
     log_path = os.path.join(out_dir, common.LOG)
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
-    start_step = 0
+    step = 0
     knn_init = None
     if ckpt is not None:
         configurator.check_resume(ckpt, "dino", teacher_config)
         student.load_state_dict(common.clean_state_dict(ckpt["student"]))
         teacher.load_state_dict(common.clean_state_dict(ckpt["teacher"]))
         center = ckpt["center"].to(run_device)
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_states(optimizers, ckpt["optimizer"])
         if ckpt.get("scaler"):  # a float16 run's loss scale; a bfloat16 or float32 checkpoint holds none
             scaler.load_state_dict(ckpt["scaler"])
-        start_step = ckpt["step"]
+        step = ckpt["step"]
         knn_init = ckpt.get("knn_acc_init")
-        common.set_rng_state(ckpt["rng"][rank])
-        print0(f"resumed from {ckpt_path} at step {start_step}")
-    end_step = stop_at_step if start_step < stop_at_step < max_iters else max_iters  # a resume runs past its stop
+        print0(f"resumed from {ckpt_path} at step {step}")
+        if master:
+            common.keep_log_until(log_path, step)
     teacher_backbone = teacher.backbone  # the probes read it uncompiled: each of their sizes would compile a graph
     if compile_model:  # a static graph per crop size (student: global, local; teacher: global), never recompiled
         student.backbone = torch.compile(student.backbone, dynamic=False)
         teacher.backbone = torch.compile(teacher.backbone, dynamic=False)
     ddp_student = DDP(student, device_ids=[local_rank] if device_type == "cuda" else None) if world > 1 else student
-    lr_peak = lr * batch_size / 256  # DINO's linear scaling rule
     warmup_iters = round(warmup_epochs * steps_per_epoch)
     temp_warmup_iters = round(warmup_teacher_temp_epochs * steps_per_epoch)
 
-    # ---- training loop
+    # ---- the loop: evaluate (and checkpoint) every eval_interval steps and at the last, else one optimizer step
     pixels_knn = probes.knn_eval(None, eval_sets, k=knn_k, temp=knn_temp, **probe) if master else None
-    t_start = t_last = time.time()
-    if ckpt is not None:
-        t_start -= ckpt["seconds"]  # a run's seconds count its earlier pieces too, as train_gpt.py's do
-    step = start_step
+    t_start = time.time() - (ckpt["seconds"] if ckpt else 0)  # a resumed run's seconds count its earlier pieces too
+    window = common.LogWindow(run_device, ckpt)  # the steps since the last progress line, and since the last record
+    start_step = step
     batches = None
-    images_seen = 0  # the log window: since the last progress line
-    loss_sum = torch.zeros((), device=run_device)  # summed on the device: read on the host at progress lines only
-    n_loss = 0
     knn_acc = None
     t_std = float("nan")  # the teacher's output statistics, measured at each progress line
     t_ent = float("nan")
-    last_loss = float("nan")
     while True:
-        if (step % eval_interval == 0 or step == end_step) and not (ckpt is not None and step == start_step):
-            t0 = time.time()
-            if n_loss:  # the losses since the last progress line: no checkpoint holds a step before its loss is read
-                common.check_finite(common.all_reduce_mean(loss_sum, run_device), step - 1, first_step=step - n_loss)
-            # every process checks the same numbers (the losses summed over the processes, weights alike in all): one
-            # that stopped alone would leave the others waiting in their next collective
-            common.check_finite_weights([*student.parameters(), *teacher.parameters(), center], step)
-            if master:  # k-NN of the teacher backbone, then a checkpoint with every process's random state
-                knn_acc = probes.knn_eval(teacher_backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
-                knn_init = knn_acc if step == 0 else knn_init
-                common.append_jsonl(log_path, dict(
-                    step=step, epoch=round(step / steps_per_epoch, 4), knn_acc=knn_acc, knn_acc_pixels=pixels_knn,
-                    loss=float(last_loss), teacher_std=t_std, teacher_entropy=t_ent,
-                    seconds=round(time.time() - t_start, 1), machine=machine))
-                print(f"eval step {step}: knn_acc {knn_acc:.4f} (step 0: {knn_init:.4f}, raw pixels {pixels_knn:.4f})")
-            rngs = [common.rng_state()] * world
-            if world > 1:
-                dist.all_gather_object(rngs, common.rng_state())
-            if master:
-                common.save_checkpoint(dict(  # the contract analyze.py reads: kind, model_config, model, config
-                    kind="dino", model_config=asdict(teacher_config),
-                    model=teacher_backbone.state_dict(), config=config,
-                    student=common.clean_state_dict(student.state_dict()),
-                    teacher=common.clean_state_dict(teacher.state_dict()), center=center.cpu(), step=step,
-                    optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=step / steps_per_epoch,
-                    rng=rngs, knn_acc_init=knn_init, seconds=time.time() - t_start), ckpt_path)
-            t_last += time.time() - t0  # evaluation time does not count against img/s
-        if step >= end_step:
+        last = step == max_iters
+        stopped = step == stop_at_step and start_step < step < max_iters
+        # a resumed run's first step was evaluated before it stopped
+        evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None)
+        if evaluating or stopped:  # a checkpoint may follow: no weight it saves may come from a non-finite step
+            window.read(step)
+            # every process checks the same numbers (the losses averaged over the processes, weights alike in all):
+            # one that stopped alone would leave the others waiting in their next collective
+            common.check_finite_weights([*student.parameters(), *teacher.parameters(), center], step - 1)
+        if evaluating:
+            train_loss = window.train_loss()
+        if evaluating and master:  # k-NN of the teacher backbone, on the first process alone
+            knn_acc = probes.knn_eval(teacher_backbone, eval_sets, k=knn_k, temp=knn_temp, ctx=ctx, **probe)
+            knn_init = knn_acc if step == 0 else knn_init
+            common.log_record(log_path, dict(
+                step=step, lr=get_lr(step), train_loss=train_loss, seconds=round(time.time() - t_start, 1),
+                epoch=round(step / steps_per_epoch, 4), knn_acc=knn_acc, knn_acc_pixels=pixels_knn, teacher_std=t_std,
+                teacher_entropy=t_ent, machine=machine), keys=("train_loss", "knn_acc", "knn_acc_pixels"))
+        if master and step > start_step and (evaluating or stopped):
+            common.save_checkpoint(dict(  # the contract analyze.py reads: kind, model_config, model, config
+                kind="dino", model_config=asdict(teacher_config), model=teacher_backbone.state_dict(), config=config,
+                optimizer=[optimizer.state_dict() for optimizer in optimizers], scaler=scaler.state_dict(), step=step,
+                seconds=time.time() - t_start, record_loss=window.record_loss, record_steps=window.record_steps,
+                epoch=step / steps_per_epoch, steps_per_epoch=steps_per_epoch,
+                student=common.clean_state_dict(student.state_dict()),
+                teacher=common.clean_state_dict(teacher.state_dict()), center=center.cpu(), knn_acc_init=knn_init),
+                ckpt_path)
+        if last or stopped:
             break
+        if evaluating:
+            window.start = time.time()  # evaluation and checkpoint time is not training time
 
-        epoch = step // steps_per_epoch  # schedules: functions of the step
+        # one optimizer step: the schedules are functions of the step
+        epoch = step // steps_per_epoch
         if batches is None or step % steps_per_epoch == 0:
-            batches = epoch_batches(x_train, subset, n_train, batch_size=batch_size, step=step, seed=seed, rank=rank,
+            batches = epoch_batches(x_train, subset, n_train, global_batch=global_batch, step=step, seed=seed, rank=rank,
                                     world=world, num_workers=num_workers, pin_memory=device_type == "cuda")
         batch = next(batches).to(run_device, non_blocking=True)
         torch.manual_seed(common.step_seed(seed, step, rank))  # crops and drop path: resume is exact
         crops = multicrop(batch, torch.default_generator)  # [global (2B, C, G, G), local (nB, C, L, L)]
-        lr_step = common.cosine_schedule(step, max_iters, lr_peak, min_lr, warmup=warmup_iters)
-        wd_step = common.cosine_schedule(step, max_iters, weight_decay, weight_decay_end)
+        lr_now = get_lr(step)
+        wd_now = common.cosine_schedule(step, max_iters, weight_decay, weight_decay_end)
         momentum = common.cosine_schedule(step, max_iters, momentum_teacher, 1.0)
-        t_temp = common.cosine_schedule(step, max_iters, teacher_temp, teacher_temp, warmup=temp_warmup_iters,
-                                        warmup_start=warmup_teacher_temp)
-        optimizer.param_groups[0].update(lr=lr_step, weight_decay=wd_step)  # weights
-        optimizer.param_groups[1].update(lr=lr_step)  # biases and norms: no weight decay
+        t_temp = get_teacher_temp(step)
+        for optimizer in optimizers:
+            optimizer.param_groups[0].update(lr=lr_now, weight_decay=wd_now)  # weights
+            optimizer.param_groups[1].update(lr=lr_now)  # biases and norms: no weight decay
         with ctx:
             with torch.no_grad():
                 teacher_out = teacher(crops[:1]).float()  # only the global crops go through the teacher
             student_out = ddp_student(crops).float()  # ((2 + n) * B, out_dim)
         loss = dino_loss(student_out, teacher_out, center, student_temp=student_temp, teacher_temp=t_temp)
-        last_loss = loss.detach()  # read on the host at evaluations only: a read waits for every queued kernel
-        optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        if grad_clip:
-            clip_gradients(student, grad_clip)
         cancel_last_layer_grads(student.head, epoch, freeze_last_layer)
-        scaler.step(optimizer)
-        scaler.update()
+        grad_norm = optimizer_step(optimizers, scaler, student.parameters(), clip_grad=clip_grad)
+        student.zero_grad(set_to_none=True)
         ema_update(teacher, student, momentum)
-        if (step + 1) % log_interval == 0 or step + 1 == end_step:
+        if (step + 1) % log_interval == 0 or step + 1 == max_iters:
             stats = teacher_stats(teacher_out, center, t_temp)  # read at the progress line
         center = update_center(center, teacher_out, center_momentum, run_device)
         step += 1
-        images_seen += batch_size
-        loss_sum += last_loss
-        n_loss += 1
+        window.add(loss.detach(), grad_norm)
 
-        if step % log_interval == 0 or step == end_step:
-            mean_loss = common.all_reduce_mean(loss_sum, run_device) / n_loss  # every process's, read once an interval
+        if step % log_interval == 0 or step == max_iters:
+            loss_now, per_step = window.read(step)  # waits for the GPU
             t_std, t_ent = stats.tolist()
-            common.check_finite(mean_loss, step - 1, first_step=step - n_loss)
-            ips = images_seen / max(time.time() - t_last, 1e-9)
-            print0(f"step {step}/{max_iters} | ep {step / steps_per_epoch:.2f} | loss {mean_loss:.4f} | "
-                   f"lr {lr_step:.2e} | wd {wd_step:.3f} | mom {momentum:.5f} | t_temp {t_temp:.4f} | t_std {t_std:.4f} | "
-                   f"t_ent {t_ent:.3f} | {ips:.0f} img/s | "
-                   f"ETA {common.format_time((end_step - step) * batch_size / max(ips, 1e-9))}")
+            fields = [f"ep {step / steps_per_epoch:.2f}", f"wd {wd_now:.3f}", f"mom {momentum:.5f}",
+                      f"t_temp {t_temp:.4f}", f"t_std {t_std:.4f}", f"t_ent {t_ent:.3f}"]
+            print0(common.progress_line(step, max_iters, loss_now, lr_now, global_batch / per_step, "img/s", per_step,
+                                        *fields))
             if t_std < collapse_std and step > warmup_iters:
                 print0(f"warning: the teacher's outputs barely differ across images (std {t_std:.2e} < "
                        f"{collapse_std}): DINO may be collapsing. t_ent near 0: one prototype for every image (centre more: "
                        f"center_momentum < 1, higher teacher_temp); near 1: a uniform teacher (lower teacher_temp). "
                        f"A lower lr or a higher momentum_teacher also help.")
-            t_last = time.time()
-            images_seen = 0
-            loss_sum.zero_()
-            n_loss = 0
 
     # ---- the end: the processes part, then the first one alone runs the final probes (no process waits for it)
     common.teardown_distributed()
-    if master and end_step < max_iters:  # stopped by --stop_at_step
-        print(f"stopped at step {end_step} of {max_iters} (--stop_at_step); continue with --resume --out_dir={out_dir}")
+    if master and stopped:
+        print(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
         res = dict(knn_acc=knn_acc, knn_acc_init=knn_init, knn_acc_pixels=pixels_knn)
         res.update(probes.evaluate_final(teacher_backbone, eval_sets, seg_sets, linear_blocks=linear_blocks,
                                          probe_steps=probe_steps, seed=seed, ctx=ctx, **probe))
-        common.append_jsonl(log_path, dict(step=end_step, **res, machine=machine))
+        common.append_jsonl(log_path, dict(step=step, lr=get_lr(step), train_loss=None,
+                                           seconds=round(time.time() - t_start, 1), **res, machine=machine))
         common.write_result(out_dir, n_lap=n_lap, params=student.backbone.num_params(), seed=seed, dataset=dataset,
-                            steps=end_step, seconds=round(time.time() - t_start), **res,
+                            steps=step, seconds=round(time.time() - t_start), **res,
                             pixel_side=min(global_size, probes.PIXEL_SIDE), machine=machine,
                             **({"holdout": holdout} if holdout else {}))

@@ -9,26 +9,13 @@ on a GPU node (Zhang & Papyan, arXiv 2602.09297, the language-model experiment).
     python train_gpt.py --sample_from=out-gpt/ckpt.pt --prompt="ROMEO:"   # only sample a checkpoint
     torchrun --standalone --nproc_per_node=8 train_gpt.py config/gpt_d20.py   # the paper's d20
 
-Model: nanolap's GPT follows the late-2025 karpathy/nanochat: RMSNorm, RoPE (base 10,000), QK-norm, ReLU^2,
-no biases, untied embeddings, logit soft-cap, zero-initialised output projections and lm_head, and a 20% linear
-warm-down. The first author's Laplacian fork (2026) builds on the 2026 nanochat instead: value embeddings,
-sliding-window attention, other init scales (uniform matrices, lm_head N(0, 0.001)), a longer warm-down.
-The trailing n_lap heads of every layer are Laplacian. Optimiser (nanochat): Muon for the 2-D matrices of the
-blocks (q, k and v each on its own), AdamW for the embedding and the lm_head; or --optimizer_name=adamw for all.
-
-Evaluation every eval_interval steps on fixed windows of the validation split: the loss (nats per token) and
-the bits per byte, which compares models across tokenizers (see evaluate). One JSON line per evaluation in
-out_dir/log.jsonl; the checkpoint out_dir/ckpt.pt is written atomically after each evaluation. Exact resume:
-a step's batch is a function of (seed, step) alone, however processes and micro-steps split it (see train_batch),
-and its dropout masks of (seed, step, process), so `--resume` continues exactly as the uninterrupted run would
-have (on CPU to the last bit); the checkpoint's options are the base and the command line goes on top, but the
-schedule cannot change (that would not continue the run). Data: data/text.py.
-On a CPU without torchrun, cpu_procs single-threaded processes train data-parallel, as the ViT and DINO do: the
-global batch is batch_size * cpu_procs sequences (16); --cpu_procs=1 --batch_size=16 --eval_iters=20 is the same run.
+The model follows nanochat's GPT (nanolap.py: RMSNorm, RoPE, QK-norm, ReLU^2, untied embeddings, logit soft-cap),
+its optimizers (Muon for the block matrices, AdamW for the embedding and lm_head; or --optimizer_name=adamw) and
+its schedule (constant, then a linear warm-down). A step's batch is a function of (seed, step) alone, however
+processes and micro-steps split it, so --resume continues exactly. Data: data/text.py.
 """
 
 import inspect
-import json
 import math
 import os
 import time
@@ -46,13 +33,13 @@ import configurator
 import nanolap
 from common import UsageError, print0
 from data import text
-from optim import Muon, optimizer_step
+from optim import Muon, load_optimizer_states, optimizer_step
 
 # ---------------------------------------------------------------- defaults
 # I/O
 out_dir = "out-gpt"  # ckpt.pt, log.jsonl and result.txt go here
-eval_interval = 250  # steps between evaluations and checkpoints; each evaluation costs 2 x eval_iters batches
-eval_iters = 40  # eval_iters * batch_size windows per split and evaluation, shared by the processes (fixed windows)
+eval_interval = 250  # steps between evaluations and checkpoints (also at step 0 and the last); each costs eval_iters batches
+eval_iters = 40  # eval_iters * batch_size validation windows per evaluation, shared by the processes (fixed windows)
 log_interval = 25  # steps between progress lines
 resume = False  # continue out_dir/ckpt.pt exactly: its options are the base, the command line goes on top
 stop_at_step = 0  # stop with a checkpoint after this step, as if interrupted (the schedule still spans the whole run); 0 = never
@@ -61,8 +48,8 @@ dataset = "shakespeare_char"  # data/<dataset>/{train,val}.bin and meta.json, ma
 data_dir = "data"  # the folder that holds the dataset folders
 holdout = 0.0  # for choosing hyperparameters: train without the last this fraction of the train split, evaluate on it; 0 = off
 block_size = 128  # context length in tokens, also the model's (its rotary embeddings end there)
-batch_size = 8  # sequences per forward/backward and process; lower it when memory runs out
-total_batch_size = 0  # tokens per optimiser step over all processes (gradient accumulation); 0 = one batch each
+batch_size = 8  # sequences per process and micro-step (the global batch, in tokens, is printed); lower it when memory runs out
+total_batch_size = 0  # tokens per optimizer step over all processes (gradient accumulation); 0 = one batch each
 # model: a nanolap preset; None keeps the preset's value
 preset = "gpt-tiny"  # gpt-tiny (the CPU model), gpt-small, gpt-d20 (the paper's 561M model)
 n_layer = None  # None = the preset's depth
@@ -72,7 +59,7 @@ n_embd = None  # None = the preset's width (a multiple of n_head)
 n_lap = 2  # Laplacian heads per layer (the trailing ones), or a list with one count per layer
 dropout = 0.0  # attention and residual dropout; short runs do not overfit, so 0
 graph = "attention"  # P: attention (softmax) | uniform (every head: the running mean) | lap_uniform (the Laplacian heads alone)
-# optimiser (nanochat's values; AdamW learning rates are scaled by (n_embd / 768) ** -0.5)
+# optimization (nanochat's values; AdamW learning rates are scaled by (n_embd / 768) ** -0.5)
 optimizer_name = "muon"  # 'muon': Muon for block matrices + AdamW for embedding/lm_head; 'adamw': AdamW for all
 matrix_lr = 0.02  # Muon, the block matrices
 embedding_lr = 0.2  # AdamW, token embedding
@@ -82,7 +69,7 @@ weight_decay = 0.0  # decoupled weight decay of the block matrices (adamw: of ev
 beta1 = 0.8  # AdamW's first-moment decay (nanochat's; nanoGPT uses 0.9)
 beta2 = 0.95  # AdamW's second-moment decay
 grad_clip = 1.0  # clip the global gradient norm; 0 = off
-max_iters = 2000  # optimiser steps: the length of the learning-rate schedule
+max_iters = 2000  # optimizer steps: the length of the learning-rate schedule
 warmup_iters = 0  # linear warm-up steps (nanochat uses none)
 warmdown_frac = 0.2  # the last fraction of the schedule decays linearly ...
 final_lr_frac = 0.0  # ... to this fraction of the peak learning rate
@@ -163,9 +150,10 @@ def build_optimizers(model, kind, lr, matrix_lr, embedding_lr, unembedding_lr, w
             group["initial_lr"] = group["lr"]
     return optimizers
 
-def get_lr_multiplier(step, max_iters, warmup_iters, warmdown_frac, final_lr_frac):
-    """Linear warm-up, constant, then a linear warm-down over the last warmdown_frac of the schedule
-    to final_lr_frac (nanochat's schedule)."""
+def get_lr_multiplier(step):
+    """Step `step`'s learning rate as a fraction of each group's peak (nanochat's get_lr_multiplier): a linear warm-up
+    whose step s trains at (s + 1) / warmup_iters, constant, then a linear warm-down over the last warmdown_frac of
+    max_iters to final_lr_frac. Like nanoGPT's get_lr it reads module globals: the options."""
     warmdown = round(warmdown_frac * max_iters)
     if step < warmup_iters:
         return (step + 1) / warmup_iters
@@ -257,7 +245,7 @@ if __name__ == "__main__":
                          f"{batch_size} x {block_size} x {world} = {tokens_per_batch}")
     grad_accum = total // tokens_per_batch
 
-    # ---- model and optimizers (a resumed run restores both, its random state and its clock)
+    # ---- model and optimizers (a resumed run restores both and its clock)
     raw_model = nanolap.build_model(model_config).to(run_device)
     optimizers = build_optimizers(raw_model, kind=optimizer_name, lr=lr, matrix_lr=matrix_lr, embedding_lr=embedding_lr,
                                   unembedding_lr=unembedding_lr, weight_decay=weight_decay, betas=(beta1, beta2),
@@ -266,38 +254,30 @@ if __name__ == "__main__":
     scaler = torch.amp.GradScaler(run_device.split(":")[0], enabled=amp_dtype == torch.float16)  # float16 only
     step = 0
     best_val_loss = float("inf")
-    time_before = 0.0  # training time of earlier runs
     if ckpt is not None:
         configurator.check_resume(ckpt, "gpt", model_config)
         raw_model.load_state_dict(common.clean_state_dict(ckpt["model"]))
-        for optimizer, state in zip(optimizers, ckpt["optimizer"]):
-            hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-            optimizer.load_state_dict(state)  # moments and step counts from the checkpoint ...
-            for group, h in zip(optimizer.param_groups, hyper):
-                group.update(h)  # ... hyperparameters from the options (identical unless overridden now)
-        common.set_rng_state(ckpt["rng"])
+        load_optimizer_states(optimizers, ckpt["optimizer"])
         if ckpt.get("scaler"):  # a float16 run's loss scale; a bfloat16 or float32 checkpoint holds none
             scaler.load_state_dict(ckpt["scaler"])
         step = ckpt["step"]
         best_val_loss = ckpt["best_val_loss"]
-        time_before = ckpt["seconds"]
     # raw_model: the module (its weights, checkpoints, sampling); model: compiled or not, what trains and evaluates;
     # ddp_model: model with DDP's gradient averaging around it (several processes), what the training step calls
     model = torch.compile(raw_model) if compile_model else raw_model
     ddp_model = model
     if world > 1:
-        # no buffer broadcast (a wait) before every forward: RoPE's cos/sin never change. Newer torch names the
-        # option forward_sync_buffers and warns on the old broadcast_buffers
+        # no buffer broadcast (a wait) before every forward: RoPE's cos/sin never change. The option's name depends
+        # on the torch version: forward_sync_buffers, else broadcast_buffers (which newer versions warn on)
         no_broadcast = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
         ddp_model = DDP(model, device_ids=[local_rank] if run_device.startswith("cuda") else None, **{no_broadcast: False})
     peak = common.peak_flops(run_device, dtype=amp_dtype)
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
     corpus = meta.get("corpus", "unknown")  # kept there too: losses on two corpora do not compare (prepare.py names it)
     flops_per_step = raw_model.flops_per_token(block_size) * total
-    peak_lr = matrix_lr if optimizer_name == "muon" else lr
-    schedule = (max_iters, warmup_iters, warmdown_frac, final_lr_frac)  # get_lr_multiplier(step, *schedule)
+    peak_lr = matrix_lr if optimizer_name == "muon" else lr  # the rate that log.jsonl and the progress line show
 
-    # ---- output: the resolved options first; log.jsonl keeps only the evaluations up to the checkpoint
+    # ---- output: the resolved options first; a resumed log.jsonl keeps only the evaluations up to the checkpoint
     ckpt_path = os.path.join(out_dir, common.CHECKPOINT)
     log_path = os.path.join(out_dir, common.LOG)
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
@@ -306,66 +286,52 @@ if __name__ == "__main__":
     print0(f"model: {preset}, {model_config.n_layer} layers, {model_config.n_head} heads, d={model_config.n_embd}, "
            f"Laplacian heads per layer {model_config.n_lap_per_layer()}, {raw_model.num_params() / 1e6:.2f}M parameters "
            f"({raw_model.num_params(exclude_embedding=True) / 1e6:.2f}M without the embedding)")
-    print0(f"batch: {total:,} tokens per step = {batch_size} x {block_size} tokens x {world} process(es) x "
+    print0(f"batch: global batch {total:,} tokens = {batch_size} x {block_size} tokens x {world} process(es) x "
            f"{grad_accum} micro-step(s); {optimizer_name} optimizer; {run_device}, "
            f"{common.DTYPE_WORDS[amp_dtype]}{', compiled' if compile_model else ''}")
     if master and ckpt is not None:
         print(f"resumed from {ckpt_path} at step {step}")
-        with open(log_path, "a+") as f:  # a+: the file may not exist yet
-            f.seek(0)
-            kept = [line for line in f if line.endswith("}\n") and json.loads(line)["step"] <= step]  # no cut line
-            f.truncate(0)
-            f.writelines(kept)
+        common.keep_log_until(log_path, step)
 
-    # ---- the loop: evaluate (and checkpoint) every eval_interval steps and at the end, else one optimizer step
+    # ---- the loop: evaluate (and checkpoint) every eval_interval steps and at the last, else one optimizer step
+    t_start = time.time() - (ckpt["seconds"] if ckpt else 0)  # a resumed run's seconds count its earlier pieces too
+    window = common.LogWindow(run_device, ckpt)  # the steps since the last progress line, and since the last record
     start_step = step
-    t0 = time.time()
-    metrics = {}  # the last evaluation's losses and bits per byte
-    # the log window, since the last progress line: its losses and gradient norms, added up on the device and read
-    # only at the progress line (a read waits for the GPU), its steps and its training time
-    logged_loss = torch.zeros((), device=run_device)
-    logged_norm = torch.zeros((), device=run_device)
-    logged_steps = 0
-    t_window = time.time()
+    metrics = {}  # the last evaluation's
     while True:
-        last = step >= max_iters
+        last = step == max_iters
         stopped = step == stop_at_step and start_step < step < max_iters
         # a resumed run's first step was evaluated before it stopped
-        evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None or last)
+        evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None)
         if evaluating or stopped:  # a checkpoint may follow: no weight it saves may come from a non-finite step
-            loss_sum, norm_sum = common.all_reduce_mean(torch.stack([logged_loss, logged_norm]), run_device).tolist()
-            common.check_finite(loss_sum, step - 1, first_step=step - logged_steps)
-            common.check_finite(norm_sum, step - 1, first_step=step - logged_steps, what="gradient norm")
+            window.read(step)
             common.check_finite_weights(raw_model.parameters(), step - 1)  # float16: the norm is the scaler's 0
-        t_eval = time.time()  # the read above waited for the steps: from here on it is evaluation time
         if evaluating:
             model.eval()
-            for split, tokens in (("val", val_tokens), ("train", train_tokens)):
-                metrics[f"{split}_loss"], metrics[f"{split}_bpb"] = evaluate(
-                    model, tokens, token_bytes, block_size=block_size, n_windows=eval_iters * batch_size,
-                    batch_size=batch_size, device=run_device, ctx=ctx, rank=rank, world=world)
+            metrics["val_loss"], metrics["val_bpb"] = evaluate(
+                model, val_tokens, token_bytes, block_size=block_size, n_windows=eval_iters * batch_size,
+                batch_size=batch_size, device=run_device, ctx=ctx, rank=rank, world=world)
             model.train()
             best_val_loss = min(best_val_loss, metrics["val_loss"])
-            print0(f"eval step {step}: val loss {metrics['val_loss']:.4f}, val bpb {metrics['val_bpb']:.4f}, "
-                   f"train loss {metrics['train_loss']:.4f}")
-            if master:
-                record = dict(step=step, **metrics, lr=peak_lr * get_lr_multiplier(step, *schedule), tokens=step * total)
-                record.update(seconds=round(time_before + time.time() - t0, 2), machine=machine, corpus=corpus)
-                common.append_jsonl(log_path, record)
+            common.log_record(log_path, dict(
+                step=step, lr=peak_lr * get_lr_multiplier(step), train_loss=window.train_loss(),
+                seconds=round(time.time() - t_start, 1), **metrics, tokens=step * total, machine=machine,
+                corpus=corpus), keys=("train_loss", "val_loss", "val_bpb"))
         if master and step > start_step and (evaluating or stopped):
             common.save_checkpoint(dict(
                 kind="gpt", model_config=asdict(model_config), model=common.clean_state_dict(raw_model.state_dict()),
-                config=config, meta={k: v for k, v in meta.items() if k != "token_bytes"},
-                optimizer=[optimizer.state_dict() for optimizer in optimizers], scaler=scaler.state_dict(),
-                step=step, rng=common.rng_state(),
-                best_val_loss=best_val_loss, seconds=time_before + time.time() - t0), ckpt_path)
+                config=config, optimizer=[optimizer.state_dict() for optimizer in optimizers],
+                scaler=scaler.state_dict(), step=step, seconds=time.time() - t_start, record_loss=window.record_loss,
+                record_steps=window.record_steps, meta={k: v for k, v in meta.items() if k != "token_bytes"},
+                best_val_loss=best_val_loss), ckpt_path)
         if last or stopped:
             break
-        t_window += time.time() - t_eval  # evaluation and checkpoint time is not training time
+        if evaluating:
+            window.start = time.time()  # evaluation and checkpoint time is not training time
 
         # one optimizer step: learning rates and Muon momentum from the schedules, grad_accum micro-batches
         torch.manual_seed(common.step_seed(seed, step, rank))  # this step's dropout masks
-        lr_mult = get_lr_multiplier(step, *schedule)
+        lr_mult = get_lr_multiplier(step)
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = group["initial_lr"] * lr_mult
@@ -384,33 +350,20 @@ if __name__ == "__main__":
         grad_norm = optimizer_step(optimizers, scaler, raw_model.parameters(), grad_clip=grad_clip)
         raw_model.zero_grad(set_to_none=True)
         step += 1
-        logged_loss += loss_step
-        logged_norm += grad_norm
-        logged_steps += 1
+        window.add(loss_step, grad_norm)
 
         if step % log_interval == 0 or step == max_iters:
-            sums = common.all_reduce_mean(torch.stack([logged_loss, logged_norm]), run_device)  # waits for the GPU
-            loss_avg, norm_avg = (sums / logged_steps).tolist()
-            common.check_finite(loss_avg, step - 1, first_step=step - logged_steps)
-            common.check_finite(norm_avg, step - 1, first_step=step - logged_steps, what="gradient norm")
-            per_step = (time.time() - t_window) / logged_steps  # the first window holds the compilation
-            logged_loss.zero_()
-            logged_norm.zero_()
-            logged_steps = 0
-            t_window = time.time()
-            line = f"step {step}/{max_iters} | loss {loss_avg:.4f} | lr {peak_lr * lr_mult:.2e} | {total / per_step:,.0f} tok/s"
-            if peak:
-                line += f" | mfu {100 * flops_per_step / per_step / (peak * world):.1f}%"
-            elapsed = time.time() - t0
-            eta = elapsed / (step - start_step) * (max_iters - step)  # wall clock, evaluations included
-            print0(f"{line} | {common.format_time(elapsed)} elapsed, eta {common.format_time(eta)}")
+            loss_now, per_step = window.read(step)  # waits for the GPU; the first window holds the compilation
+            fields = [f"mfu {flops_per_step / per_step / (peak * world):.1%}"] if peak else []
+            print0(common.progress_line(step, max_iters, loss_now, peak_lr * lr_mult, total / per_step, "tok/s",
+                                        per_step, *fields))
 
     # ---- the end: the processes part first (no one waits while the first one samples), then a sample and RESULT
     common.teardown_distributed()
     if master and stopped:
         print(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     elif master:
-        seconds = round(time_before + time.time() - t0)
+        seconds = round(time.time() - t_start)
         if num_samples and max_new_tokens:
             print("-" * 80)
             try:
@@ -420,5 +373,4 @@ if __name__ == "__main__":
                 print(f"no sample: {e}")
         common.write_result(out_dir, n_lap=model_config.n_lap, params=raw_model.num_params(), seed=seed,
                             dataset=dataset, corpus=corpus, steps=step, seconds=seconds, val_loss=metrics["val_loss"],
-                            val_bpb=metrics["val_bpb"], train_loss=metrics["train_loss"], machine=machine,
-                            **({"holdout": holdout} if holdout else {}))
+                            val_bpb=metrics["val_bpb"], machine=machine, **({"holdout": holdout} if holdout else {}))

@@ -9,14 +9,9 @@ Supervised ViTs with Laplacian heads, the DeiT-III recipe: the paper's first exp
     torchrun --nproc_per_node=8 train_vit.py config/vit_deit3_b.py --data_dir=/data/imagenet   # the paper
     python train_vit.py --resume                          # continue out_dir/ckpt.pt exactly where it stopped
 
-Batch and learning rate with several processes: batch_size is per process and micro-step, so one optimizer
-step sees batch_size * grad_accum * processes images (the "global batch"), and lr is the rate at that global
-batch; nothing is rescaled for you. To reproduce a run on more processes keep the global batch (divide
-batch_size or grad_accum) and lr; for a larger global batch scale lr with it (DeiT: 5e-4 * global_batch / 512)
-and keep warmup in epochs. The data order and every random draw depend on (seed, epoch, step, chunk), never on
-how the global batch is split, so runs on 1 or N processes, and resumed runs, see the same images.
-On a CPU, plain `python train_vit.py` trains in cpu_procs single-threaded processes that torchrun starts: global batch
-batch_size * cpu_procs.
+To reproduce a run on more processes keep the global batch (divide batch_size or grad_accum) and lr; for a larger one
+scale lr with it (DeiT: 5e-4 * global_batch / 512) and keep warmup in epochs. The data order and every random draw
+depend on (seed, epoch, step, chunk), never on how the global batch is split: 1 or N processes see the same images.
 """
 
 import os
@@ -33,13 +28,13 @@ import configurator
 import nanolap
 from common import UsageError, print0
 from data import augment, folders, images
-from optim import optimizer_step
+from optim import load_optimizer_states, optimizer_step
 
 # ----------------------------------------------------------------------------- defaults
 # I/O
 out_dir = "out-vit"  # ckpt.pt, log.jsonl and result.txt go here; a fresh run moves an earlier run's files aside
+eval_interval = 250  # steps between evaluations and checkpoints (also at step 0 and the last); the default: an epoch
 log_interval = 100  # optimizer steps between progress lines
-ckpt_interval = 0  # also checkpoint every this many steps (long GPU epochs); 0 = only after each epoch's eval
 resume = False  # continue from out_dir/ckpt.pt exactly where it stopped (options on the command line go on top)
 stop_at_step = 0  # stop with a checkpoint after this step, as if interrupted (the schedule still spans the whole run); 0 = never
 # data
@@ -76,11 +71,11 @@ mixup = 0.0  # mixup alpha (DeiT-III: 0.8); 0 = off. Pays off on long runs, slow
 cutmix = 0.0  # cutmix alpha (DeiT-III: 1.0); with both on, each batch uses one of the two
 label_smoothing = 0.1  # soften the targets: a confident ViT generalises worse
 bce_loss = False  # DeiT-III: binary cross-entropy per class, on the same (mixed, smoothed) targets
-# optimisation
+# optimization
 epochs = 18  # the cosine schedule spans them all; fixed on --resume (use --stop_at_step to stop early)
-batch_size = 128  # per process and micro-step; global batch = batch_size * grad_accum * processes
+batch_size = 128  # images per process and micro-step; the global batch, batch_size * grad_accum * processes, is printed
 grad_accum = 1  # micro-steps per optimizer step: a large global batch on few devices
-lr = 3e-3  # peak learning rate at the global batch; scale it with the global batch
+lr = 3e-3  # peak learning rate at the global batch, as given (nanoGPT's rule): scale it yourself with the global batch
 min_lr = 1e-5  # the cosine schedule ends here
 warmup_epochs = 0.5  # linear warmup from 0, in epochs so that it survives changes of batch size
 weight_decay = 0.05  # on weight matrices only (not biases, norms, position embedding, CLS token)
@@ -96,7 +91,6 @@ cpu_threads = 1  # torch threads per process on a CPU; 0 = torch's default (one 
 seed = 0  # initial weights, data order, augmentation and drop-path all follow from it
 
 # ----------------------------------------------------------------------------- helpers
-
 
 def augment_batch(x, y, img_size, mean, std, mixer=None, geometric=True, crop_padding=0, hflip=False, rand_augment=0,
                   rand_magnitude=9, three_augment=False, color_jitter=0.3, random_erasing=0.0):
@@ -119,7 +113,6 @@ def augment_batch(x, y, img_size, mean, std, mixer=None, geometric=True, crop_pa
         x = augment.random_erasing(x, random_erasing)
     return x, y
 
-
 def compute_loss(logits, y, label_smoothing=0.0, bce=False):
     """Cross-entropy (or DeiT-III's binary cross-entropy) with label smoothing. y: class indices (B,)
     or soft targets (B, K) from mixup/cutmix. The smoothed mix is timm's mixup_target, which the first author's
@@ -135,17 +128,23 @@ def compute_loss(logits, y, label_smoothing=0.0, bce=False):
         return F.binary_cross_entropy_with_logits(logits, t)
     return -(t * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
-
-def make_optimizer(model, lr, weight_decay, betas, device):
-    """AdamW with weight decay on weight matrices only, as in DeiT (not on biases, norms, the position embedding or
+def build_optimizers(model, lr, weight_decay, betas, device):
+    """[AdamW] with weight decay on weight matrices only, as in DeiT (not on biases, norms, the position embedding or
     the CLS token); the fused kernel: one pass over all parameters instead of a loop over them."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 and name not in ("pos_embed", "cls_token") else no_decay).append(p)
     groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=torch.device(device).type in ("cuda", "cpu"))
+    return [torch.optim.AdamW(groups, lr=lr, betas=betas, fused=torch.device(device).type in ("cuda", "cpu"))]
 
+def get_lr(step):
+    """The learning rate of optimizer step `step`, nanoGPT's get_lr: a linear warm-up whose step s trains at
+    (s + 1) / warmup_iters of lr, then a half cosine from lr down to min_lr at max_iters. Like nanoGPT's it reads
+    module globals: the options and the run's warmup_iters and max_iters."""
+    if step < warmup_iters:
+        return lr * (step + 1) / warmup_iters
+    return common.cosine_schedule(step - warmup_iters, max_iters - warmup_iters, lr, min_lr)
 
 def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_accum, rank, world, seed, device,
                   num_workers=0):
@@ -171,12 +170,12 @@ def train_batches(data, epoch, first_step, steps_per_epoch, batch_size, grad_acc
     for x, y in loader:
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
-
 def val_batches(data, batch_size, rank, world, device, num_workers=0):
     """This process's contiguous shard of the validation set, unaugmented (data as in train_batches)."""
     in_memory = isinstance(data, tuple)
     n = len(data[1]) if in_memory else len(data)
-    lo, hi = rank * n // world, (rank + 1) * n // world
+    lo = rank * n // world
+    hi = (rank + 1) * n // world
     if in_memory:
         for i in range(lo, hi, batch_size):
             yield data[0][i:min(i + batch_size, hi)], data[1][i:min(i + batch_size, hi)]
@@ -185,7 +184,6 @@ def val_batches(data, batch_size, rank, world, device, num_workers=0):
                                          num_workers=num_workers, pin_memory=str(device).startswith("cuda"))
     for x, y in loader:
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
 
 @torch.no_grad()
 def evaluate(model, batches, img_size, mean, std, ctx=nullcontext(), world=1):
@@ -210,10 +208,9 @@ def evaluate(model, batches, img_size, mean, std, ctx=nullcontext(), world=1):
 
 if __name__ == "__main__":
     config, ckpt = configurator.configure(globals(), schedule=("epochs", "warmup_epochs"))
-    t_start = time.time()
     configurator.check_options(config, at_least={
-        1: ("epochs", "batch_size", "grad_accum", "log_interval", "cpu_procs"),
-        0: ("train_subset", "val_subset", "img_size", "crop_padding", "rand_augment", "ckpt_interval", "stop_at_step",
+        1: ("epochs", "batch_size", "grad_accum", "eval_interval", "log_interval", "cpu_procs"),
+        0: ("train_subset", "val_subset", "img_size", "crop_padding", "rand_augment", "stop_at_step",
             "num_workers", "cpu_threads")},
         fractions=("random_erasing", "holdout"),
         choices=dict(dataset=images.DATASETS + ("imagefolder",)))
@@ -275,10 +272,10 @@ if __name__ == "__main__":
     max_iters = epochs * steps_per_epoch
     warmup_iters = round(warmup_epochs * steps_per_epoch)
 
-    # ---- model and optimizer
+    # ---- model and optimizer (a resumed run restores both and its clock)
     torch.manual_seed(seed)  # the same initial weights in every process
     raw_model = nanolap.build_model(model_config).to(run_device)
-    optimizer = make_optimizer(raw_model, lr=lr, weight_decay=weight_decay, betas=(beta1, beta2), device=run_device)
+    optimizers = build_optimizers(raw_model, lr=lr, weight_decay=weight_decay, betas=(beta1, beta2), device=run_device)
     scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
     step = 0
     best_acc = 0.0
@@ -290,15 +287,13 @@ if __name__ == "__main__":
             raise UsageError(f"--resume: the checkpoint has {ckpt['steps_per_epoch']} steps per epoch, this run "
                              f"{steps_per_epoch}; keep the global batch and the dataset the same")
         raw_model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_states(optimizers, ckpt["optimizer"])
         if ckpt.get("scaler"):  # a float16 run's loss scale; a bfloat16 or float32 checkpoint holds none
             scaler.load_state_dict(ckpt["scaler"])
         step = ckpt["step"]
         best_acc = ckpt["best_val_acc"]
         val_acc = ckpt["val_acc"]
         val_loss = ckpt["val_loss"]
-        t_start -= ckpt["seconds"]  # a run's seconds count its earlier pieces too, as train_gpt.py's do
-        common.set_rng_state(ckpt["rng"])
     # raw_model: the module (its weights, checkpoints); model: compiled or not, what trains and evaluates;
     # ddp_model: model with DDP's gradient averaging around it (several processes), what the training step calls
     model = torch.compile(raw_model) if compile_model else raw_model
@@ -308,6 +303,7 @@ if __name__ == "__main__":
     flops_per_img = raw_model.flops_per_token(tokens) * tokens
     peak = common.peak_flops(run_device, dtype=amp_dtype)
     machine = common.machine_name(run_device)  # kept in the log and the RESULT line: floats differ by machine
+    log_path = os.path.join(out_dir, common.LOG)
 
     print0("config: " + " ".join(f"{k}={v!r}" for k, v in config.items()))
     print0(f"data: {dataset} {n_train} train / {n_val} {'held-out' if holdout else 'val'} images, "
@@ -320,30 +316,57 @@ if __name__ == "__main__":
     print0(f"schedule: global batch {global_batch} = {batch_size} x {grad_accum} accum x {world} process(es), "
            f"{steps_per_epoch} steps/epoch, {epochs} epochs = {max_iters} steps, warmup {warmup_iters}, "
            f"adamw lr {lr:g}" + (f"; resuming at step {step}" if ckpt else ""))
+    if master and ckpt is not None:
+        common.keep_log_until(log_path, step)
 
-    # ---- training loop
-    raw_model.train()
+    # ---- the loop: evaluate (and checkpoint) every eval_interval steps and at the last, else one optimizer step
+    t_start = time.time() - (ckpt["seconds"] if ckpt else 0)  # a resumed run's seconds count its earlier pieces too
+    window = common.LogWindow(run_device, ckpt)  # the steps since the last progress line, and since the last record
+    start_step = step
     batches = None
-    stopped = False
-    # the log window, since the last progress line: its losses and gradient norms, added up on the device and read
-    # only at the progress line (a read waits for the GPU)
-    t_log = time.time()
-    data_time = 0.0
-    loss_sum = torch.zeros((), device=run_device)
-    norm_sum = torch.zeros((), device=run_device)
-    img_count = 0
-    steps_in_log = 0
+    data_time = 0.0  # of the steps since the last progress line
     speeds = []  # img/s of each log window
     waits = []  # fraction of each log window spent on data (a GPU: waiting for it)
-    while step < max_iters:
+    while True:
+        last = step == max_iters
+        stopped = step == stop_at_step and start_step < step < max_iters
+        # a resumed run's first step was evaluated before it stopped
+        evaluating = (step % eval_interval == 0 or last) and (step > start_step or ckpt is None)
+        if evaluating or stopped:  # a checkpoint may follow: no weight it saves may come from a non-finite step
+            window.read(step)
+            common.check_finite_weights(raw_model.parameters(), step - 1)  # float16: the norm is the scaler's 0
+            data_time = 0.0
+        if evaluating:
+            shard = val_batches(val_data, 4 * batch_size, rank=rank, world=world, device=run_device, num_workers=num_workers)
+            val_acc, val_loss = evaluate(model, shard, img_size=resolution, mean=mean, std=std, ctx=ctx, world=world)
+            best_acc = max(best_acc, val_acc)
+            common.log_record(log_path, dict(
+                step=step, lr=get_lr(step), train_loss=window.train_loss(), seconds=round(time.time() - t_start, 1),
+                epoch=round(step / steps_per_epoch, 4), val_acc=val_acc, val_loss=val_loss, machine=machine),
+                keys=("train_loss", "val_acc", "val_loss"))
+        if master and step > start_step and (evaluating or stopped):
+            common.save_checkpoint(dict(
+                kind="vit", model_config=asdict(model_config), model=raw_model.state_dict(), config=config,
+                optimizer=[optimizer.state_dict() for optimizer in optimizers], scaler=scaler.state_dict(), step=step,
+                seconds=time.time() - t_start, record_loss=window.record_loss, record_steps=window.record_steps,
+                epoch=step / steps_per_epoch, steps_per_epoch=steps_per_epoch, best_val_acc=best_acc, val_acc=val_acc,
+                val_loss=val_loss, classes=list(classes), mean=mean.flatten().tolist(), std=std.flatten().tolist()),
+                os.path.join(out_dir, common.CHECKPOINT))
+        if last or stopped:
+            break
+        if evaluating:
+            window.start = time.time()  # evaluation and checkpoint time is not training time
+
+        # one optimizer step: the learning rate from get_lr, grad_accum micro-batches
         epoch, step_in_epoch = divmod(step, steps_per_epoch)
         if batches is None:
             batches = train_batches(train_data, epoch, step_in_epoch, steps_per_epoch, batch_size=batch_size,
                                     grad_accum=grad_accum, rank=rank, world=world, seed=seed, device=run_device,
                                     num_workers=num_workers)
-        lr_now = common.cosine_schedule(step, max_iters, lr, min_lr, warmup=warmup_iters, warmup_from=1)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_now
+        lr_now = get_lr(step)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_now
         loss_accum = torch.zeros((), device=run_device)
         for micro in range(grad_accum):
             torch.manual_seed(common.step_seed(seed, epoch, step, micro * world + rank))  # augmentation and drop-path
@@ -361,65 +384,27 @@ if __name__ == "__main__":
             loss = compute_loss(logits, y, label_smoothing, bce_loss) / grad_accum
             scaler.scale(loss).backward()
             loss_accum += loss.detach()
-        grad_norm = optimizer_step([optimizer], scaler, raw_model.parameters(), grad_clip=grad_clip)
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(optimizers, scaler, raw_model.parameters(), grad_clip=grad_clip)
+        raw_model.zero_grad(set_to_none=True)
         step += 1
-        loss_sum += loss_accum
-        norm_sum += grad_norm
-        img_count += global_batch
-        steps_in_log += 1
+        window.add(loss_accum, grad_norm)
+        if step % steps_per_epoch == 0:
+            batches = None  # the next epoch's order
 
-        epoch_end = step % steps_per_epoch == 0
-        checkpointing = epoch_end or (ckpt_interval and step % ckpt_interval == 0) or step == stop_at_step
-        # read (every process the same sums) at a progress line, and before a checkpoint: it keeps no non-finite step
-        if step % log_interval == 0 or step == max_iters or checkpointing:
-            sums = common.all_reduce_mean(torch.stack([loss_sum, norm_sum]) / steps_in_log, run_device)
-            loss_value, norm_value = sums.tolist()  # waits for the GPU
-            common.check_finite(loss_value, step - 1, first_step=step - steps_in_log)
-            common.check_finite(norm_value, step - 1, first_step=step - steps_in_log, what="gradient norm")
-            common.check_finite_weights(raw_model.parameters(), step - 1)  # float16: the norm is the scaler's 0
         if step % log_interval == 0 or step == max_iters:
-            dt = time.time() - t_log
-            speeds.append(img_count / dt)
-            waits.append(data_time / dt)
-            eta = (max_iters - step) * dt / steps_in_log
-            mfu = f" | mfu {flops_per_img * speeds[-1] / (peak * world):.1%}" if peak else ""
-            print0(f"epoch {epoch + 1}/{epochs} step {step}/{max_iters} | loss {loss_value:.4f} | "
-                   f"lr {lr_now:.2e} | {speeds[-1]:.0f} img/s | data {waits[-1]:.1%}{mfu} | eta {common.format_time(eta)}")
-            t_log = time.time()
+            steps = window.steps
+            loss_now, per_step = window.read(step)  # waits for the GPU
+            speeds.append(global_batch / per_step)
+            waits.append(data_time / (per_step * steps))
             data_time = 0.0
-            loss_sum.zero_()
-            norm_sum.zero_()
-            img_count = 0
-            steps_in_log = 0
-        if epoch_end:
-            batches = None
-            t0 = time.time()
-            shard = val_batches(val_data, 4 * batch_size, rank=rank, world=world, device=run_device, num_workers=num_workers)
-            val_acc, val_loss = evaluate(model, shard, img_size=resolution, mean=mean, std=std, ctx=ctx, world=world)
-            train_loss = common.all_reduce_mean(loss_accum, run_device)  # the epoch's last step
-            best_acc = max(best_acc, val_acc)
-            print0(f"eval epoch {step // steps_per_epoch}: val_acc {val_acc:.4f} val_loss {val_loss:.4f} "
-                   f"({time.time() - t0:.1f}s, {common.format_time(time.time() - t_start)} elapsed)")
-            if master:
-                common.append_jsonl(os.path.join(out_dir, common.LOG), dict(
-                    step=step, epoch=step // steps_per_epoch, val_acc=val_acc, val_loss=val_loss, lr=lr_now,
-                    train_loss=train_loss, seconds=round(time.time() - t_start, 1), machine=machine))
-            t_log += time.time() - t0  # evaluation time is not training time
-        stopped = step == stop_at_step and step < max_iters
-        if master and checkpointing:
-            common.save_checkpoint(dict(
-                kind="vit", model_config=asdict(model_config), model=raw_model.state_dict(), config=config,
-                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), step=step, epoch=step // steps_per_epoch,
-                steps_per_epoch=steps_per_epoch, best_val_acc=best_acc, val_acc=val_acc, val_loss=val_loss,
-                seconds=time.time() - t_start, rng=common.rng_state(), classes=list(classes),
-                mean=mean.flatten().tolist(), std=std.flatten().tolist()),
-                os.path.join(out_dir, common.CHECKPOINT))
-        if stopped:
-            print0(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
-            break
+            fields = [f"ep {step / steps_per_epoch:.2f}", f"data {waits[-1]:.1%}"]
+            if peak:
+                fields.append(f"mfu {flops_per_img * speeds[-1] / (peak * world):.1%}")
+            print0(common.progress_line(step, max_iters, loss_now, lr_now, speeds[-1], "img/s", per_step, *fields))
 
     # ---- end
+    if master and stopped:
+        print(f"stopped at step {step} (--stop_at_step); continue with --resume --out_dir={out_dir}")
     timed = speeds[1:] or speeds or [0]  # the first log window holds the compilation and the warm-up
     if master and not stopped:
         common.write_result(out_dir, n_lap=n_lap, params=raw_model.num_params(), seed=seed, dataset=dataset,

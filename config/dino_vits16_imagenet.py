@@ -37,13 +37,13 @@ grayscale_p = 0.2  # dino
 blur_sigma = [0.1, 2.0]  # dino (GaussianBlur radius_min, radius_max)
 solarize_p = 0.2  # dino
 epochs = 50  # paper (the command runs 300)
-batch_size = 1024  # dino: 64 per GPU on run_with_submitit's default 2 nodes x 8 GPUs; here 128 x 8 GPUs
-lr = 0.0005  # dino: for batch 256, scaled linearly with batch_size
+batch_size = 128  # ours: images per GPU, DINO's global batch of 1024 on 8 GPUs (DINO: 64 per GPU on 2 nodes x 8)
+lr = 0.002  # dino: 0.0005 per 256 images, scaled linearly to the global batch of 1024 (with fewer GPUs scale it down)
 min_lr = 1e-6  # dino
 warmup_epochs = 10  # dino
 weight_decay = 0.04  # dino
 weight_decay_end = 0.4  # dino
-grad_clip = 3.0  # dino: clip_grad
+clip_grad = 3.0  # dino
 freeze_last_layer = 1  # dino
 dtype = "auto"  # ours: bfloat16 from compute capability 8.0, which needs no loss scaler; float16 with one below
 #                 (DINO trains in float16 with a loss scaler, use_fp16)

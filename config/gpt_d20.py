@@ -8,7 +8,7 @@ dataset = "fineweb_edu"
 preset = "gpt-d20"
 block_size = 2048
 batch_size = 32  # sequences per GPU and micro-step
-total_batch_size = 524288  # tokens per optimiser step, as nanochat
+total_batch_size = 524288  # tokens per optimizer step, as nanochat
 # 21400 steps x 524288 = 11.2B tokens, as the paper: random windows drawn with replacement from the 9.9B
 # tokens of FineWeb-Edu sample-10BT (--shards=99), about 1.13 passes. One pass over more data is not
 # offered: the prepared shards (llm.c's GPT-2 tokenisation of sample-10BT) hold 9.9B tokens.

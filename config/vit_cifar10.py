@@ -25,3 +25,4 @@ weight_decay = 0.05
 grad_clip = 1.0
 compile_model = True
 log_interval = 20
+eval_interval = 97  # an epoch of 50,000 images at the global batch 512

@@ -35,3 +35,4 @@ grad_clip = 1.0  # author
 seed = 0  # paper: 3 seeds (the author's scripts use 0, 1, 2)
 compile_model = True  # ours
 log_interval = 24  # ours: one progress line per epoch
+eval_interval = 24  # ours: one evaluation per epoch

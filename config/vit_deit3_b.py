@@ -35,3 +35,4 @@ grad_clip = 1.0  # author
 seed = 0  # paper: 3 seeds; the author's script uses 0, 1, 2
 compile_model = True  # author (--torchcompile)
 log_interval = 100  # ours
+eval_interval = 625  # ours: one evaluation per epoch of ImageNet-1k at the global batch 2048

@@ -31,14 +31,14 @@ from configurator import configure  # noqa: E402
 trees = "."  # code trees to measure, separated by commas (e.g. .,/work/base); the first is the reference of `vs first`
 scripts = "vit,gpt,dino,analyze"  # which to measure, separated by commas
 rounds = 2  # interleaved rounds; each runs every script alone and busy
-vit_steps = 150  # optimiser steps of each run (about 15 s on 2 idle cores)
-gpt_steps = 100  # optimiser steps of each GPT run
-dino_steps = 100  # optimiser steps of each DINO run
+vit_steps = 150  # optimizer steps of each run (about 15 s on 2 idle cores)
+gpt_steps = 100  # optimizer steps of each GPT run
+dino_steps = 100  # optimizer steps of each DINO run
 analyze_samples = 500  # analyze.py --max_samples
 out_dir = "/tmp/busy_bench"  # the runs' folders, their logs and busy_bench.json go here
 
 SCRIPTS = ("vit", "gpt", "dino", "analyze")
-SPEED = re.compile(r"^(?:epoch \S+ )?step \d+/\d+ \|.*?([\d,.]+) (img/s|tok/s)", re.M)  # the three scripts' progress lines
+SPEED = re.compile(r"^step \d+/\d+ \|.*?([\d,.]+) (img/s|tok/s)", re.M)  # the scripts' one progress line
 # keeps one core busy, as another program would, and ends with the bench (even a killed one)
 BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(10 ** 6):\n        pass"
 

@@ -79,6 +79,9 @@ search() {  # search <kind> <n_lap> <seed> <factor>: a learning-rate trial (resu
     local x; x=$(case $f in 0.35) echo 0.35355339;; 0.71) echo 0.70710678;; 1.41) echo 1.41421356;;
                            2.83) echo 2.82842712;; *) echo "$f";; esac)  # the factors are 2^(i/2)
     lr() { awk -v a="$1" -v x="$x" 'BEGIN { printf "%.8g", a * x }'; }
+    # DINO's trials named a rate per 256 images, which train_dino.py then scaled to the global batch of 64; its lr is
+    # now that product, computed here as it was there (to the bit)
+    at_64() { awk -v a="$1" 'BEGIN { printf "%.17g", a * 64 / 256 }'; }
     mkdir -p "$(dirname "$out")"
     case $kind in
         vit)  python train_vit.py --n_lap=$k --seed=$s --cpu_procs=1 --batch_size=256 --pooling=cls --layerscale=1e-6 \
@@ -86,7 +89,7 @@ search() {  # search <kind> <n_lap> <seed> <factor>: a learning-rate trial (resu
         gpt)  python train_gpt.py --n_lap=$k --seed=$s --max_iters=1000 --max_new_tokens=0 --holdout=0.1 \
                   --matrix_lr=$(lr 0.02) --embedding_lr=$(lr 0.2) --unembedding_lr=$(lr 0.004) --out_dir=$out ;;
         dino) python train_dino.py --n_lap=$k --seed=$s --epochs=1.5 --cpu_procs=1 --holdout=0.1 --seg_dataset=none \
-                  --lr=$(lr 0.002) --min_lr=$(lr 1e-6) --out_dir=$out ;;
+                  --lr=$(at_64 "$(lr 0.002)") --min_lr=$(lr 1e-6) --out_dir=$out ;;
     esac > "$out.log" 2>&1 || {
         mkdir -p "$dst"
         if grep -q "non-finite" "$out.log"; then tail -n 3 "$out.log" > "$dst/diverged.txt"; echo "diverged: $dst"; return 0; fi

@@ -96,8 +96,8 @@ def spoil_weights_at(monkeypatch, call):
     optimizer_step = optim.optimizer_step
     calls = []
 
-    def spoiling_step(optimizers, scaler, params, grad_clip):
-        norm = optimizer_step(optimizers, scaler, params, grad_clip)
+    def spoiling_step(optimizers, scaler, params, **clip):
+        norm = optimizer_step(optimizers, scaler, params, **clip)
         calls.append(1)
         if len(calls) == call:
             with torch.no_grad():

@@ -12,13 +12,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "dev"))
 import busy_bench  # noqa: E402
+import common  # noqa: E402
 from common import UsageError  # noqa: E402
 
-# the progress lines as the three scripts print them (train_vit.py, train_gpt.py, train_dino.py)
-VIT = ("epoch 1/18 step {}/4212 | loss 2.1000 | lr 1.00e-04 | {} img/s | data 0.5% | eta 9m10s")
-GPT = ("step {}/2000 | loss 2.8002 | lr 2.00e-02 | {} tok/s | 1m51s elapsed, eta 5m34s")
-DINO = ("step {}/5622 | ep 0.03 | loss 10.1000 | lr 1.00e-04 | wd 0.040 | mom 0.99600 | t_temp 0.0250 | "
-        "t_std 0.0100 | t_ent 5.000 | {} img/s | ETA 12m00s")
+# the progress line of every script (common.progress_line) at step {} and speed {}, in each script's unit
+UNITS = {"train_vit.py": "img/s", "train_gpt.py": "tok/s", "train_dino.py": "img/s"}
+LINE = "step {{}}/2000 | loss 2.8002 | lr 2.00e-02 | {{}} {} | ep 0.03 | eta 5m34s"
 FAKE = """import os, sys
 def running(pid):  # is process pid a busy loop of the bench that started this script (not of another bench)?
     try:
@@ -39,7 +38,7 @@ def fake_tree(root, scale):
     """A tree whose scripts print 3 progress lines each: speeds 9999 (the warm-up), then 100 and 300 x scale alone,
     and half that next to the busy loop; analyze.py only records its call."""
     os.makedirs(root)
-    for name, line in (("train_vit.py", VIT), ("train_gpt.py", GPT), ("train_dino.py", DINO), ("analyze.py", "")):
+    for name, line in [(name, LINE.format(unit)) for name, unit in UNITS.items()] + [("analyze.py", "")]:
         alone = ["9,999", f"{100 * scale:,}", f"{300 * scale:,}"]
         busy = ["9,999", f"{50 * scale:,}", f"{150 * scale:,}"]
         with open(os.path.join(root, name), "w") as f:
@@ -49,13 +48,15 @@ def fake_tree(root, scale):
 
 
 def test_progress_lines_of_each_script_are_parsed():
-    for line, unit in ((VIT, "img/s"), (GPT, "tok/s"), (DINO, "img/s")):
-        out = "config: ...\neval step 0: val loss 4.4\n" + "\n".join(line.format(25 * i, s) for i, s in
+    for line, unit in [(LINE.format(unit), unit) for unit in ("img/s", "tok/s")]:
+        out = "config: ...\neval step 0: val_loss 4.4\n" + "\n".join(line.format(25 * i, s) for i, s in
                                                                        enumerate(["12,000", "2,000", "4,000", "3,000"]))
         assert busy_bench.parse_speed(out) == 3000.0  # the first line (warm-up) is left out
         assert busy_bench.SPEED.findall(out)[0][1] == unit
     assert busy_bench.parse_speed("no progress") is None
-    assert busy_bench.parse_speed(GPT.format(25, "1,234")) == 1234.0  # a single line is all there is
+    assert busy_bench.parse_speed(LINE.format("tok/s").format(25, "1,234")) == 1234.0  # a single line is all there is
+    printed = common.progress_line(25, 2000, 2.8, 0.02, 1234.4, "tok/s", 0.5, "mfu 1.0%")  # as the scripts print it
+    assert busy_bench.SPEED.findall(printed) == [("1,234", "tok/s")]
 
 
 @pytest.mark.slow  # six seconds of subprocesses

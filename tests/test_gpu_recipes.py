@@ -140,9 +140,9 @@ def test_the_dino_line_fits_a_t4_and_its_80_gb_form_is_the_batch_it_had(monkeypa
     config = resolved("dino", options, monkeypatch)
     predicted = dino_prediction(config, config["batch_size"])
     assert predicted <= USABLE * T4_GIB and said == round(predicted, 1)
-    assert config["lr"] == 0.0005  # DINO's rate for 256 images: train_dino.py scales it to lr x batch_size / 256
+    assert config["lr"] == 0.0005 * 64 / 256 and config["batch_size"] == 64  # DINO's rate per 256 images, at the batch
     large = resolved("dino", options + big, monkeypatch)
-    assert large["batch_size"] == 256 and dino_prediction(large, 256) <= USABLE * BIG_GIB
+    assert large["batch_size"] == 256 and large["lr"] == 0.0005 and dino_prediction(large, 256) <= USABLE * BIG_GIB
     assert dino_prediction(large, 256) > USABLE * T4_GIB  # what the line asked for before: no T4 holds it
 
 

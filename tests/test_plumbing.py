@@ -1,14 +1,13 @@
 """The run plumbing every script shares (common.py and configurator.py), in the order a run meets it:
 options (parse_args, configure, --help, config_from_options, --resume, check_options, check_resume), devices and dtypes,
-the non-finite guard, the cosine schedule, checkpoints and atomic writes, the random state and the RESULT line. Damaged
-checkpoints and the output folder of an earlier run: test_faults.py."""
+the non-finite guard, checkpoints and atomic writes and the RESULT line (the schedules and the log records:
+test_dialect.py; damaged checkpoints and the output folder of an earlier run: test_faults.py)."""
 
 import ast
 import glob
 import math
 import os
 import pickle
-import random
 import re
 import runpy
 import subprocess
@@ -206,21 +205,6 @@ def test_check_finite_stops_on_nan():
         common.check_finite(float("nan"), 9, first_step=9)
 
 
-
-def test_cosine_schedule_warms_up_either_way_then_follows_a_half_cosine():
-    cosine = common.cosine_schedule
-    # DINO's warm-up begins at warmup_start; nanoGPT's (the ViT's, warmup_from=1) reaches the peak at step warmup - 1
-    assert [cosine(s, 100, 1.0, 0.0, warmup=4) for s in range(4)] == [0.0, 0.25, 0.5, 0.75]
-    assert [cosine(s, 100, 1.0, 0.0, warmup=4, warmup_from=1) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert all(cosine(s, 100, 3e-3, 1e-5, 7, warmup_from=1) == 3e-3 * (s + 1) / 7 for s in range(7))  # to the bit
-    # then a half cosine from start to end over the steps after the warm-up, and end after the last step
-    for s in (4, 30, 52, 77, 100, 150):
-        progress = min((s - 4) / 96, 1.0)
-        assert cosine(s, 100, 1.0, 0.1, warmup=4) == 0.1 + 0.5 * 0.9 * (1 + math.cos(math.pi * progress))
-    assert cosine(52, 100, 1.0, 0.0, warmup=4) == pytest.approx(0.5) and cosine(100, 100, 1.0, 0.1) == 0.1
-    assert cosine(10, 100, 0.07, 0.07, warmup=10, warmup_start=0.04) == 0.07  # start == end: constant after it
-
-
 def test_checkpoint_is_atomic_and_never_executes_code(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
     common.save_checkpoint({"step": 1}, path)
@@ -298,31 +282,6 @@ def test_clean_state_dict_strips_compile_and_ddp_prefixes():
     assert common.clean_state_dict(sd) == {"blocks.0.x": 1, "wte.weight": 2, "head.weight": 3}
 
 
-def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
-    state = common.rng_state()
-    a = (random.random(), torch.rand(3))
-    common.save_checkpoint({"rng": state}, str(tmp_path / "r.pt"))
-    common.set_rng_state(common.load_checkpoint(str(tmp_path / "r.pt"))["rng"])
-    b = (random.random(), torch.rand(3))
-    assert a[0] == b[0] and torch.equal(a[1], b[1])
-
-
-def test_the_random_state_holds_this_processs_own_gpu_only(monkeypatch):
-    """A checkpoint keeps the CUDA random state of its process's GPU alone: a resume with fewer (or other) visible GPUs
-    restores it (every GPU's state would not fit there)."""
-    saved = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": saved.append(state))
-
-    def every_gpu(*args, **kwargs):
-        raise AssertionError("the state of every visible GPU")
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", every_gpu)
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", every_gpu)
-    state = common.rng_state()
-    assert torch.equal(state["cuda"], torch.tensor([7], dtype=torch.uint8))
-    common.set_rng_state(state)
-    assert len(saved) == 1 and torch.equal(saved[0], state["cuda"])
 
 
 def test_result_line_and_step_seed(tmp_path, capsys):

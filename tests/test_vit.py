@@ -27,7 +27,7 @@ SCRIPT = "train_vit.py"
 
 # a short run on the generated dataset that learns (no label-changing flips of the random patterns)
 PLAIN = ["--dataset=synthetic", "--val_subset=256", "--batch_size=64", "--epochs=3", "--log_interval=8",
-         "--crop_padding=0", "--hflip=False"]
+         "--eval_interval=32", "--crop_padding=0", "--hflip=False"]
 # a tiny run with every random path on (crop, flip, 3-Augment, mixup/cutmix, erasing, drop-path): for exact resume
 HEAVY = ["--dataset=synthetic", "--train_subset=512", "--val_subset=256", "--batch_size=32", "--epochs=2",
          "--log_interval=1", "--drop_path=0.1", "--three_augment=True", "--mixup=0.8", "--cutmix=1.0",
@@ -53,20 +53,20 @@ def accuracy(ckpt, x, y):
 def test_tiny_training_on_cpu(tmp_path):
     """--device=cpu trains; the RESULT line, log.jsonl and the checkpoint contract analyze.py relies on."""
     p = run(SCRIPT, "--device=cpu", "--dataset=synthetic", "--train_subset=256", "--val_subset=128", "--batch_size=64",
-            "--epochs=2", "--log_interval=2", f"--out_dir={tmp_path}", check=True)
+            "--epochs=2", "--log_interval=2", "--eval_interval=4", f"--out_dir={tmp_path}", check=True)
     r = result(p.stdout)
     assert list(r) == RESULT_KEYS and r["n_lap"] == "4" and r["dataset"] == "synthetic" and r["epochs"] == "2"
     assert open(tmp_path / "result.txt").read().split()[1:4] == p.stdout.split("RESULT ")[1].split()[:3]
     assert "on cpu in float32, 1 process" in p.stdout and "4 steps/epoch, 2 epochs = 8 steps" in p.stdout
-    assert re.search(r"epoch 1/2 step 2/8 \| loss \S+ \| lr \S+ \| \d+ img/s \| data \S+% \| eta", p.stdout)
-    windows = [int(v) for v in re.findall(r"\| (\d+) img/s \|", p.stdout)]  # 4 log windows; the first holds the warm-up
+    assert re.search(r"^step 2/8 \| loss \S+ \| lr \S+ \| [\d,]+ img/s \| ep 0.50 \| data \S+% \| eta", p.stdout, re.M)
+    windows = [int(v.replace(",", "")) for v in re.findall(r"\| ([\d,]+) img/s \|", p.stdout)]  # the first: warm-up
     assert len(windows) == 4 and abs(int(r["img_per_s"]) - sum(windows[1:]) / 3) <= 1, (windows, r["img_per_s"])
     records = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
-    assert [rec["step"] for rec in records] == [4, 8]  # one eval per epoch
+    assert [rec["step"] for rec in records] == [0, 4, 8]  # step 0, every eval_interval steps, the last
     assert r["machine"] == common.machine_name("cpu") and all(rec["machine"] == r["machine"] for rec in records)
     ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
     assert {"kind", "model_config", "model", "config", "optimizer", "scaler", "step", "steps_per_epoch",
-            "best_val_acc", "val_acc", "val_loss", "rng", "classes", "mean", "std"} <= set(ckpt)
+            "best_val_acc", "val_acc", "val_loss", "classes", "mean", "std"} <= set(ckpt)
     assert ckpt["kind"] == "vit" and ckpt["step"] == 8 and ckpt["steps_per_epoch"] == 4
     assert ckpt["config"]["dataset"] == "synthetic" and ckpt["config"]["device"] == "cpu"
     assert ckpt["classes"][0] == "pattern0" and len(ckpt["mean"]) == len(ckpt["std"]) == 1
@@ -330,9 +330,9 @@ def test_bce_targets_are_timm_mixup_targets():
     assert torch.allclose(bce_target(logits, t, 0.1), lam * smooth(y) + (1 - lam) * smooth(y.flip(0)), atol=1e-5)
 
 
-def test_make_optimizer_decays_weight_matrices_only():
+def test_build_optimizers_decays_weight_matrices_only():
     model = nanolap.build_model(nanolap.make_config("vit-cpu"))
-    opt = train_vit.make_optimizer(model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.99), device="cpu")
+    (opt,) = train_vit.build_optimizers(model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.99), device="cpu")
     decay, no_decay = opt.param_groups
     assert isinstance(opt, torch.optim.AdamW) and decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim >= 2 for p in decay["params"]) and decay["betas"] == (0.9, 0.99)
@@ -341,9 +341,11 @@ def test_make_optimizer_decays_weight_matrices_only():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
-def test_lr_schedule():
-    # the ViT's schedule through common.cosine_schedule: warm-up step s trains at (s + 1) / 10 of the peak
-    lrs = [common.cosine_schedule(s, 100, 1e-3, 1e-5, 10, warmup_from=1) for s in range(100)]
+def test_lr_schedule(monkeypatch):
+    # get_lr reads the options and the run's lengths, module globals: warm-up step s trains at (s + 1) / 10 of the peak
+    for name, value in dict(lr=1e-3, min_lr=1e-5, warmup_iters=10, max_iters=100).items():
+        monkeypatch.setattr(train_vit, name, value, raising=False)
+    lrs = [train_vit.get_lr(s) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] == pytest.approx(1e-5, abs=1e-6)
 
@@ -392,7 +394,7 @@ def test_end_to_end_synthetic_learns(tmp_path):
     r = result(stdout)
     assert float(r["val_acc"]) > 0.6, "10 generated classes: the ViT should learn well above chance (0.1)"
     records = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
-    assert [rec["step"] for rec in records] == [32, 64, 96]
+    assert [rec["step"] for rec in records] == [0, 32, 64, 96]
     aside = [d for d in os.listdir(tmp_path) if d.startswith("previous-")]
     assert len(aside) == 1 and (tmp_path / aside[0] / "ckpt.pt").read_text() == "an earlier run"
 
@@ -426,21 +428,21 @@ def test_nonfinite_loss_stops_and_keeps_checkpoint(tmp_path):
     out = tmp_path / "nan"
     run(SCRIPT, *HEAVY, f"--out_dir={out}", "--stop_at_step=5", check=True)
     ckpt_bytes = open(out / "ckpt.pt", "rb").read()
-    # an infinite learning rate (1e999 is a float literal for inf) wrecks the weights in one step; the progress line
-    # after it finds them (that step's loss, computed before the update, is finite)
+    # an infinite learning rate (1e999 is a float literal for inf) wrecks the weights in step 5, whose loss, computed
+    # before the update, is finite: the next step's loss is not, and the progress line after it stops the run
     p = run(SCRIPT, f"--out_dir={out}", "--resume", "--lr=1e999")
-    assert p.returncode != 0 and "error: non-finite weights after step 5" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode != 0 and "error: non-finite loss nan at step 6" in p.stderr and "Traceback" not in p.stderr
     assert open(out / "ckpt.pt", "rb").read() == ckpt_bytes, "the last good checkpoint must survive"
 
 
 def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
     """Under float16 a step's gradient norm is the scaler's 0, so a weight that the last step before a checkpoint made
     non-finite (its loss was still finite) shows only in the weights: the optimizer step of step 3 writes an inf here,
-    and the checkpoint at the end of the first epoch (step 4) is not written."""
+    and the checkpoint of the evaluation at step 4 is not written."""
     calls = spoil_weights_at(monkeypatch, 4)
     with pytest.raises(FloatingPointError, match="non-finite weights after step 3: stopped before they are saved"):
         run_here(SCRIPT, "--dataset=synthetic", "--train_subset=64", "--val_subset=64", "--batch_size=16", "--epochs=2",
-                 "--log_interval=100", "--cpu_procs=1", f"--out_dir={tmp_path}")
+                 "--log_interval=100", "--eval_interval=4", "--cpu_procs=1", f"--out_dir={tmp_path}")
     assert len(calls) == 4 and not os.path.exists(tmp_path / "ckpt.pt")
 
 
