@@ -286,15 +286,25 @@ def data_per_step(log):
                 return record[key] / record["step"]
     return None
 
+def in_present_terms(config):
+    """A run's options as the scripts name them now: a run from before --holdout trained on the whole training split,
+    and DINO's lr was a rate per 256 images, scaled to its batch_size, then global (its clip_grad was grad_clip)."""
+    config = dict(config)
+    config.setdefault("holdout", 0.0)
+    if "teacher_temp" in config and "clip_grad" not in config:
+        config["lr"] = config["lr"] * config["batch_size"] / 256
+        config["clip_grad"] = config.pop("grad_clip", None)
+    return config
+
 def same_recipe(config, log, other_config, other_log):
     """Whether two runs (options and log.jsonl records) trained one recipe: the same options apart from n_lap, seed,
     the operational ones and how processes split the global batch, by the report's rule (differing_settings: an
-    option, or a GPT's corpus, that one run does not record compares with any), and the same global batch
-    (data_per_step; unknown before a step is logged)."""
+    option, or a GPT's corpus, that one run does not record compares with any; older runs in_present_terms), and the
+    same global batch (data_per_step; unknown before a step is logged)."""
     settings = []
     for c, records in ((config, log), (other_config, other_log)):
         corpus = [r["corpus"] for r in records if r.get("corpus", "unknown") != "unknown"]
-        settings.append(dict(c, **({"corpus": corpus[-1]} if corpus else {})))
+        settings.append(dict(in_present_terms(c), **({"corpus": corpus[-1]} if corpus else {})))
     if differing_settings(settings, BATCH_SPLIT):
         return False
     mine = data_per_step(log)

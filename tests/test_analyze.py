@@ -362,6 +362,12 @@ def test_same_recipe_is_the_same_options_and_global_batch():
     gpt = [{"step": 250, "tokens": 512000, "corpus": "gutenberg-233f3954"}]
     assert figures.same_recipe(config, gpt, config, [{"step": 250, "tokens": 512000}])
     assert not figures.same_recipe(config, gpt, config, [dict(gpt[0], corpus="tinyshakespeare-5f6e7d8c")])
+    assert not figures.same_recipe(dict(config, holdout=0.1), log, config, log)  # evaluated on the training split
+    assert figures.same_recipe(dict(config, holdout=0.0), log, config, log)  # a run from before --holdout
+    dino = dict(config, teacher_temp=0.025, lr=0.0005, clip_grad=3.0, batch_size=32)  # 2 processes x 32
+    before = dict(config, teacher_temp=0.025, lr=0.002, grad_clip=3.0, batch_size=64)  # lr per 256, a global batch
+    assert figures.same_recipe(dino, log, before, log)
+    assert not figures.same_recipe(dict(dino, lr=0.002), log, before, log)
 
 
 def test_curves_of_a_log_with_nan_and_a_line_cut_short(tmp_path, capsys, figure_texts):
