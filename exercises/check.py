@@ -9,11 +9,12 @@ The checks of the nanolap exercises (exercises/README.md), one command per exerc
 Exercises that ask for code (1, 2, 3, 4, 6, 7, 9, 10) end in PASS or FAIL (exit status 0 or 1). The experiments (5,
 8) read your runs and print the numbers to compare. Each section below is one exercise's check: read it, it is part
 of the exercise. It compares your code with nanolap.py, with analyze.py's numbers (geometry.py measures them), or
-with values the reference solutions gave on fixed inputs (exercises/expected.json): it holds no answer.
+with values the reference solutions gave on fixed inputs (exercises/expected.json): it holds no answer. What the
+experiments train and read (your runs' analyses, a trained ViT's tokens, the small image model that the checks of 6
+and 10 train) lives beside it in exercises/experiments.py; a section calls it by name: experiments.train_variant.
 """
 
 import ast
-import glob
 import importlib.util
 import inspect
 import json
@@ -22,7 +23,6 @@ import os
 import re
 import sys
 import textwrap
-import time
 import traceback
 from unittest import mock
 
@@ -33,9 +33,10 @@ import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
 import configurator  # noqa: E402
+import experiments  # noqa: E402  (exercises/experiments.py: what the experiments train and read)
 import figures  # noqa: E402
 import geometry  # noqa: E402
-from data import augment, images, text  # noqa: E402
+from data import text  # noqa: E402
 from nanolap import MixedHeadAttention, build_model, make_config  # noqa: E402
 
 FILES = {1: "ex1_laplacian.py", 2: "ex2_laplacian_head.py", 3: "ex3_first_token.py", 4: "ex4_oversmoothing.py",
@@ -259,25 +260,8 @@ def check_4(ex, depth, n_seq, seq_len, n_embd, n_head, out, figure, seed):
 
 # ---- exercise 5: a per-layer schedule (an experiment: numbers to compare) -------------------------------------
 
-def read_comparison(out, kind):
-    """The analyses of the `kind` runs in OUT/analysis/<run>/analysis.json, as `python analyze.py OUT/run1 OUT/run2`
-    writes them."""
-    path = os.path.join(out, "analysis")
-    found = sorted(glob.glob(os.path.join(glob.escape(path), "*", "analysis.json")))
-    if not found:
-        print(f"FAIL: no analyses in {path}; train the two runs and analyse them first (exercises/README.md)")
-        return None
-    runs = [analysis for analysis in map(json.load, map(open, found)) if analysis.get("kind") == kind]
-    if len(runs) < 2:
-        print(f"FAIL: {path} holds {len(runs)} analysed {kind} run(s); analyse both runs in one analyze.py command")
-        return None
-    settings = runs[0]["settings"]
-    print(f"from {path} ({settings['n_samples']} validation sequences per run, {settings['tokens']})")
-    return runs
-
-
 def check_5(ex, out):
-    runs = read_comparison(out, "vit")
+    runs = experiments.read_comparison(out, "vit")
     if runs is None:
         return False
     layers = runs[0]["layerwise"]["layer"]
@@ -334,70 +318,11 @@ def check_gates(ex, seed):
     return ok & reaches_every(gated.gate_logit.grad, "gate")
 
 
-HEAD_PARAMETERS = ("gate_logit", "lam")  # exercise 6's gates and exercise 10's lambdas: a learning rate of their own
-
-
-def normalised(imgs, model, data):
-    """uint8 images -> the model's normalised input (as training sees it, without augmentation); data holds the
-    dataset's per-channel mean and std."""
-    mean = torch.tensor(data["mean"]).view(1, -1, 1, 1)
-    std = torch.tensor(data["std"]).view(1, -1, 1, 1)
-    return (augment.to_unit(imgs, model.config.img_size) - mean) / std
-
-
-def train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, seed):
-    """AdamW on random training batches of data (images.load_images; no augmentation), cosine learning rates; the
-    HEAD_PARAMETERS get their own learning rate and no weight decay, which would pull them back to their start. Returns
-    the accuracy on the first val_images validation images."""
-    x, y = data["train"]
-    xv, yv = data["val"]
-    heads = [p for n, p in model.named_parameters() if n.endswith(HEAD_PARAMETERS)]
-    rest = [p for n, p in model.named_parameters() if not n.endswith(HEAD_PARAMETERS)]
-    groups = [dict(params=rest, lr=lr, weight_decay=0.05), dict(params=heads, lr=head_lr, weight_decay=0.0)]
-    optimizer = torch.optim.AdamW(groups) if steps else None  # --steps=0 evaluates the initial model
-    g = torch.Generator().manual_seed(seed)
-    t0 = time.time()
-    model.train()
-    for step in range(1, steps + 1):
-        for group, peak in zip(optimizer.param_groups, (lr, head_lr)):  # cosine decay to 0
-            group["lr"] = peak * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps))
-        i = torch.randint(0, len(y), (batch_size,), generator=g)
-        loss = F.cross_entropy(model(normalised(x[i], model, data)), y[i])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if step % 100 == 0 or step == steps:
-            print(f"  step {step}/{steps} | loss {loss.item():.4f} | {time.time() - t0:.0f}s")
-    model.eval()
-    with torch.no_grad():
-        xv, yv = xv[:val_images], yv[:val_images]
-        correct = sum((model(normalised(xv[i:i + 500], model, data)).argmax(-1) == yv[i:i + 500]).sum().item()
-                      for i in range(0, len(yv), 500))
-    return correct / len(yv)
-
-
-def train_variant(variant, build, heads, steps, batch_size, lr, head_lr, dataset, data_dir, val_images, seed):
-    """Train a mean-pooling vit-cpu on dataset (train_image_model) and print its validation accuracy; heads: `variant`
-    (the exercise's heads: build(cfg) makes the model), 'attention' or 'laplacian' (nanolap's, every head of that
-    type). Returns the model and the data."""
-    if heads not in (variant, "attention", "laplacian"):
-        raise common.UsageError(f"--heads={heads!r}: choose {variant}, attention or laplacian")
-    torch.manual_seed(seed)
-    data = images.load_images(dataset, data_dir)
-    n_lap = 4 if heads == "laplacian" else 0  # the exercise's heads: their own parameters decide
-    cfg = make_config("vit-cpu", pooling="mean", num_classes=data["num_classes"], n_lap=n_lap)
-    model = build(cfg) if heads == variant else build_model(cfg)
-    print(f"training a vit-cpu with {heads} heads on {dataset}: {steps} steps of {batch_size} images")
-    acc = train_image_model(model, data, steps, batch_size, lr, head_lr, val_images, seed)
-    print(f"  val_acc {acc:.4f} on {min(val_images, len(data['val'][1]))} validation images")
-    return model, data
-
-
 def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_images, seed):
     if not check_gates(ex, seed):
         return False
-    model, _ = train_variant("gated", ex.gated_model, heads, steps, batch_size, lr, gate_lr, dataset, data_dir,
-                             val_images, seed)
+    model, _ = experiments.train_variant("gated", ex.gated_model, heads, steps, batch_size, lr, gate_lr, dataset,
+                                         data_dir, val_images, seed)
     if heads == "gated":
         print("  learned gates g (0 = attention head, 1 = Laplacian head):")
         for number, block in enumerate(model.blocks, start=1):
@@ -407,21 +332,6 @@ def check_6(ex, steps, batch_size, lr, gate_lr, heads, dataset, data_dir, val_im
     return True
 
 # ---- exercise 7: the spectrum by hand ----------------------------------------------------------------------------
-
-def trained_tokens(run, max_samples, seed):
-    """Final-norm patch tokens (N, T, d) of the validation images that `analyze.py RUN --max_samples=N` measures, and
-    analyze.py's spectrum of them in RUN/analysis/analysis.json (None without the file)."""
-    ckpt = common.load_checkpoint(os.path.join(run, "ckpt.pt"))
-    model = common.load_model(ckpt).eval()
-    x, _, _, mean, std = images.eval_images(ckpt, max_samples, seed)
-    tokens = []
-    with torch.no_grad():
-        for i in range(0, len(x), 64):
-            tokens.append(model.forward_features(normalised(x[i:i + 64], model, dict(mean=mean, std=std)))[:, 1:])
-    path = os.path.join(run, "analysis", "analysis.json")
-    stored = json.load(open(path))["spectrum"] if os.path.isfile(path) else None
-    return torch.cat(tokens), stored
-
 
 def check_7(ex, run, max_samples, seed):
     ok = True
@@ -434,7 +344,7 @@ def check_7(ex, run, max_samples, seed):
         print("  pass --run=DIR (a train_vit.py out_dir that analyze.py analysed) to compare with analyze.py on a "
               "trained ViT's tokens")
         return ok
-    h, stored = trained_tokens(run, max_samples, seed)
+    h, stored = experiments.trained_tokens(run, max_samples, seed)
     print(f"tokens: {run}: {len(h)} validation images, final-norm patch tokens, shape {tuple(h.shape)}")
     path = os.path.join(run, "analysis", "analysis.json")
     if stored is None or stored["n_sequences"] != len(h):
@@ -449,7 +359,7 @@ def check_7(ex, run, max_samples, seed):
 # ---- exercise 8: language (an experiment: numbers to compare) -------------------------------------------------
 
 def check_8(ex, out, sample_chars, seed):
-    runs = read_comparison(out, "gpt")
+    runs = experiments.read_comparison(out, "gpt")
     if runs is None:
         return False
     print(f"{'run':24s} {'n_lap':6s} {'val_loss':>8s} {'val_bpb':>8s} {'within':>7s} {'between':>8s} {'NC1':>7s} "
@@ -574,22 +484,13 @@ def check_attnscale(ex, seed):
     return ok & reaches_every(module.lam.grad, "lambda")
 
 
-@torch.no_grad()
-def head_rho(model, imgs):
-    """Per block, every head's first-order change rho_h of the within-image variance of the patch tokens of imgs
-    (normalised images), as analyze.py reports it: geometry.py's per-head analysis. Negative: the head smooths them."""
-    stats = [(geometry.VarChange(), geometry.VarChange()) for _ in model.blocks]
-    geometry.update_heads(model, model.embed(imgs), None, stats, geometry.patch_tokens)
-    return [torch.tensor(layer["rho"]) for layer in geometry.head_results(model, stats)["layers"]]
-
-
 def check_10(ex, steps, batch_size, lr, lam_lr, heads, dataset, data_dir, val_images, rho_images, seed):
     if not check_attnscale(ex, seed):
         return False
-    model, data = train_variant("attnscale", ex.attnscale_model, heads, steps, batch_size, lr, lam_lr, dataset,
-                                data_dir, val_images, seed)
+    model, data = experiments.train_variant("attnscale", ex.attnscale_model, heads, steps, batch_size, lr, lam_lr,
+                                            dataset, data_dir, val_images, seed)
     xv = data["val"][0][:rho_images]
-    rho = head_rho(model, normalised(xv, model, data))
+    rho = experiments.head_rho(model, experiments.normalised(xv, model, data))
     print(f"  rho_h of every head on {len(xv)} validation images, the first-order change of the within-image "
           f"variance of the patch tokens (negative: the head smooths them):")
     for number, (block, block_rho) in enumerate(zip(model.blocks, rho), start=1):

@@ -564,18 +564,22 @@ def test_the_expected_values_tolerate_another_cpus_rounding_but_not_a_mistake():
     assert differences(wrong, committed) == ["expected.json['9'][0]['n_lap']: 2, committed 1"]
 
 
-def test_check_holds_no_answer_and_imports_no_script():
-    """check.py compares with nanolap.py, analyze.py's numbers (geometry.py) or exercises/expected.json: it computes no
-    reference of its own (students read it), and it imports no script."""
-    source = open(os.path.join(EXERCISES, "check.py")).read()
+@pytest.mark.parametrize("name", ["check.py", "experiments.py"])
+def test_check_holds_no_answer_and_imports_no_script(name):
+    """check.py compares with nanolap.py, analyze.py's numbers (geometry.py) or exercises/expected.json, and what the
+    experiments train and read lives beside it in experiments.py: neither computes a reference of its own (students
+    read both), and neither imports a script (a training script, analyze.py, instructor.py or check.py): check.py
+    imports experiments.py, and both import the repository's modules."""
+    source = open(os.path.join(EXERCISES, name)).read()
     for answer in ("def reference_", "eigvalsh", "svdvals", "mean(1, keepdim=True)", "mean(dim=1, keepdim=True)",
                    "torch.eye("):
         assert answer not in source, answer
     tree = ast.parse(source)
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    modules = {"nanolap", "common", "configurator", "geometry", "figures"}
+    modules = {"nanolap", "common", "configurator", "geometry", "figures", "data"}
     scripts = {os.path.splitext(f)[0] for f in os.listdir(ROOT) if f.endswith(".py")} - modules
+    scripts |= {os.path.splitext(f)[0] for f in os.listdir(EXERCISES) if f.endswith(".py")} - {"experiments"}
     assert not imported & scripts, imported & scripts
 
 
@@ -587,7 +591,8 @@ def test_the_students_copy_holds_no_answers(tmp_path, capsys):
     assert status == 0 and out.startswith(f"wrote {tmp_path / 'class'}: ")
     copied = {os.path.relpath(os.path.join(d, f), tmp_path / "class") for d, _, fs in os.walk(tmp_path / "class")
               for f in fs}
-    assert {"exercises/check.py", "exercises/expected.json", "exercises/README.md", "nanolap.py"} <= copied
+    assert {"exercises/check.py", "exercises/experiments.py", "exercises/expected.json", "exercises/README.md",
+            "nanolap.py"} <= copied
     assert not any(f.startswith("exercises/solutions") or f == "exercises/INSTRUCTOR.md" for f in copied), copied
     assert not any(f.startswith((".git/", "out")) or "__pycache__" in f for f in copied), copied
     readme = open(os.path.join(EXERCISES, "README.md")).read()

@@ -305,10 +305,11 @@ def test_the_arrows_point_one_way():
     scripts (train_*.py, analyze.py, exercises/) <- results/verdict.py <- results/report.py: each file imports only
     what lies below it, the model file nothing but math, dataclasses and torch, and the report's statistics
     (results/stats.py) nothing of the repository's; no script imports another, but for the instructor's tools
-    (exercises/instructor.py), which run the reference solutions through the checks' own helpers (exercises/check.py)."""
+    (exercises/instructor.py), which run the reference solutions through the checks' own helpers (exercises/check.py),
+    and for the checks, which import what the experiments train and read (exercises/experiments.py)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     local = {os.path.splitext(f)[0] for f in os.listdir(root) if f.endswith(".py")}
-    local |= {"data", "report", "stats", "verdict", "check"}
+    local |= {"data", "report", "stats", "verdict", "check", "experiments"}
     assert local_imports(os.path.join(root, "nanolap.py"), None) <= {"math", "dataclasses", "torch"}
     below = {"common.py": {"nanolap"}, "configurator.py": {"nanolap", "common"}, "optim.py": set(),
              "probes.py": {"common"}, "geometry.py": {"nanolap", "common"}, "figures.py": {"common", "geometry"},
@@ -322,6 +323,7 @@ def test_the_arrows_point_one_way():
     below.update({os.path.relpath(p, root): {"nanolap", "common", "configurator", "data", "optim", "probes", "geometry",
                                              "figures"} for p in scripts})
     below["exercises/instructor.py"] |= {"check"}
+    below["exercises/check.py"] |= {"experiments"}
     assert len(below) > 20
     for path, allowed in below.items():
         found = local_imports(os.path.join(root, path), local)
