@@ -279,7 +279,7 @@ def test_the_error_handler_keeps_the_traceback_and_adds_the_advice_after_it(monk
      "batch"),
     ("train_dino.py", "ViT", "cuda", ["--dataset=synthetic", "--batch_size=32", "--local_crops=2", "--seg_dataset=none",
                                       "--eval_train=64", "--eval_val=64"],
-     "at 32 images per step, 4 crops each: lower --batch_size or --local_crops (no gradient accumulation here)"),
+     "at 32 images per process, 4 crops each: lower --batch_size or --local_crops (no gradient accumulation here)"),
 ])
 def test_out_of_memory_keeps_its_traceback_and_ends_with_what_to_lower(data_dir, tmp_path, script, model, device,
                                                                        args, line):
